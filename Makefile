@@ -1,0 +1,62 @@
+# Every target creates (or reuses) .venv and installs what it needs: a fresh clone needs only
+# python3, a C++20 compiler and (for the C++ tests) Debian's libgtest-dev, which we install on demand.
+PYTHON   ?= python3
+VENV     := .venv
+VPY      := $(VENV)/bin/python
+DEPS     := $(VENV)/.deps-stamp
+CPPBUILD := build/cpp
+JOBS     ?= 2
+
+PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm nanobind scikit-build-core cmake ninja ruff
+
+.PHONY: all demo test test-cpp test-py bench lint format fuzz install sysdeps clean
+
+all: install
+
+$(DEPS): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q $(PY_DEPS)
+	touch $@
+
+# Debian packages the C++ tests need; installed only when missing.
+sysdeps:
+	@if [ ! -f /usr/include/gtest/gtest.h ]; then \
+	  echo "installing libgtest-dev (GoogleTest) with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev; \
+	fi
+
+install: $(DEPS)
+	$(VPY) -m pip install -q --no-build-isolation --no-deps .
+
+test: test-cpp test-py
+
+test-cpp: $(DEPS) sysdeps
+	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
+	$(VENV)/bin/cmake --build $(CPPBUILD) -j $(JOBS)
+	cd $(CPPBUILD) && ../../$(VENV)/bin/ctest --output-on-failure -j $(JOBS)
+
+test-py: install
+	$(VPY) -m pytest -q tests
+
+demo: install
+	$(VPY) examples/demo.py
+
+bench: install
+	$(VPY) -m stoker bench
+
+fuzz: $(DEPS) sysdeps
+	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
+	$(VENV)/bin/cmake --build $(CPPBUILD) -j $(JOBS)
+	STOKER_FUZZ_SECONDS=$${STOKER_FUZZ_SECONDS:-300} $(CPPBUILD)/wire_fuzz_test
+
+lint: $(DEPS)
+	@command -v clang-format >/dev/null || (apt-get update -qq && apt-get install -y -qq clang-format)
+	clang-format --dry-run --Werror cpp/stoker/*.h cpp/stoker/*.cc cpp/tests/*.cc python/stoker/_ext/*.cc
+	$(VENV)/bin/ruff check python tests benchmarks examples
+
+format: $(DEPS)
+	clang-format -i cpp/stoker/*.h cpp/stoker/*.cc cpp/tests/*.cc python/stoker/_ext/*.cc
+	$(VENV)/bin/ruff check --fix python tests benchmarks examples
+
+clean:
+	rm -rf build $(VENV)

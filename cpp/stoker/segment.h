@@ -1,0 +1,50 @@
+// Segment: one anonymous shared-memory file (memfd) mapped into this process.
+//
+// Created with memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING), sized with ftruncate and then
+// fallocate, so that a lack of memory is reported here, at creation, and never later as SIGBUS
+// when a page is first touched. The size is then sealed (no shrink, no grow): a peer that maps
+// the fd can trust that its mapping stays backed for as long as it exists.
+//
+// memfd memory does not live in /dev/shm, so the size of that mount (64 MB in Docker) does not
+// limit it; the memory cgroup does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "stoker/status.h"
+
+namespace stoker {
+
+class Segment {
+ public:
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // Creates a memfd of `size` bytes, reserves its pages and maps it read-write.
+  // On success *fd receives the memfd (close-on-exec); the caller owns it.
+  static Status Create(const char* name, size_t size, std::unique_ptr<Segment>* out, int* fd);
+
+  // Maps an existing memfd read-write. The size comes from fstat, never from the peer.
+  // The fd is not consumed: the caller may close it once this returns.
+  static Status Map(int fd, std::unique_ptr<Segment>* out);
+
+  // Wraps ordinary heap memory (for loading in-process, where nothing is shared).
+  static std::unique_ptr<Segment> Private(size_t size);
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  Segment(uint8_t* data, size_t size, bool mapped) : data_(data), size_(size), mapped_(mapped) {}
+  uint8_t* data_;
+  size_t size_;
+  bool mapped_;
+};
+
+size_t PageSize();
+size_t RoundUpToPage(size_t n);
+
+}  // namespace stoker

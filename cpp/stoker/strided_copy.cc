@@ -1,0 +1,83 @@
+#include "stoker/strided_copy.h"
+
+#include <cstring>
+
+namespace stoker {
+
+bool IsContiguous(const int64_t* shape, const int64_t* strides, int ndim, size_t itemsize) {
+  if (strides == nullptr) return true;
+  int64_t expected = static_cast<int64_t>(itemsize);
+  for (int i = ndim - 1; i >= 0; --i) {
+    if (shape[i] == 0) return true;
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+namespace {
+
+// Copies dims [d, ndim) where the innermost `inner_bytes` are contiguous in the source.
+void CopyRec(uint8_t*& dst, const uint8_t* src, const int64_t* shape, const int64_t* strides,
+             int d, int inner_dim, size_t inner_bytes) {
+  if (d == inner_dim) {
+    std::memcpy(dst, src, inner_bytes);
+    dst += inner_bytes;
+    return;
+  }
+  for (int64_t i = 0; i < shape[d]; ++i) {
+    CopyRec(dst, src + i * strides[d], shape, strides, d + 1, inner_dim, inner_bytes);
+  }
+}
+
+}  // namespace
+
+size_t CopyToContiguous(uint8_t* dst, const uint8_t* src, const int64_t* shape,
+                        const int64_t* strides, int ndim, size_t itemsize) {
+  size_t total = itemsize;
+  for (int i = 0; i < ndim; ++i) total *= static_cast<size_t>(shape[i]);
+  if (total == 0) return 0;
+  if (IsContiguous(shape, strides, ndim, itemsize)) {
+    std::memcpy(dst, src, total);
+    return total;
+  }
+  // Find the longest contiguous suffix of dims; copy it with one memcpy per outer position.
+  int inner_dim = ndim;
+  size_t inner_bytes = itemsize;
+  int64_t expected = static_cast<int64_t>(itemsize);
+  while (inner_dim > 0) {
+    const int d = inner_dim - 1;
+    if (shape[d] != 1 && strides[d] != expected) break;
+    expected *= shape[d];
+    inner_bytes *= static_cast<size_t>(shape[d]);
+    --inner_dim;
+  }
+  if (inner_bytes == itemsize && inner_dim == ndim && ndim > 0) {
+    // Innermost dim is strided: copy element by element along it.
+    const int d = ndim - 1;
+    uint8_t* out = dst;
+    // Walk outer dims recursively, inner dim elementwise.
+    struct Walker {
+      static void Run(uint8_t*& out, const uint8_t* src, const int64_t* shape,
+                      const int64_t* strides, int d, int last, size_t itemsize) {
+        if (d == last) {
+          for (int64_t i = 0; i < shape[d]; ++i) {
+            std::memcpy(out, src + i * strides[d], itemsize);
+            out += itemsize;
+          }
+          return;
+        }
+        for (int64_t i = 0; i < shape[d]; ++i) {
+          Run(out, src + i * strides[d], shape, strides, d + 1, last, itemsize);
+        }
+      }
+    };
+    Walker::Run(out, src, shape, strides, 0, d, itemsize);
+    return total;
+  }
+  uint8_t* out = dst;
+  CopyRec(out, src, shape, strides, 0, inner_dim, inner_bytes);
+  return total;
+}
+
+}  // namespace stoker

@@ -1,0 +1,267 @@
+#include "stoker/supervisor.h"
+
+#include "stoker/slot.h"
+
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace stoker {
+namespace {
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+uint64_t Tag(int worker, bool is_pidfd) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(worker)) << 1) | (is_pidfd ? 1 : 0);
+}
+
+}  // namespace
+
+Status Supervisor::Create(std::unique_ptr<Supervisor>* out) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) return Status::FromErrno("epoll_create1", errno);
+  out->reset(new Supervisor(ep));
+  return Status::OK();
+}
+
+Supervisor::~Supervisor() {
+  std::vector<int> ids;
+  for (auto& kv : workers_) ids.push_back(kv.first);
+  for (int id : ids) RemoveWorker(id);
+  close(epfd_);
+}
+
+Status Supervisor::AddWorker(int worker, int sock, pid_t pid) {
+  if (workers_.count(worker)) {
+    close(sock);
+    return Status::Error(Code::kInvalidArgument, "worker id already in use");
+  }
+  Worker w;
+  w.sock = sock;
+  w.pid = pid;
+  w.pidfd = PidfdOpen(pid);
+  if (w.pidfd < 0) {
+    const int err = errno;
+    close(sock);
+    return Status::FromErrno("pidfd_open for worker " + std::to_string(worker), err);
+  }
+  struct epoll_event ev;
+  std::memset(&ev, 0, sizeof(ev));
+  ev.events = EPOLLIN;
+  ev.data.u64 = Tag(worker, false);
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev) != 0) {
+    const int err = errno;
+    close(sock);
+    close(w.pidfd);
+    return Status::FromErrno("epoll_ctl", err);
+  }
+  ev.data.u64 = Tag(worker, true);
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, w.pidfd, &ev) != 0) {
+    const int err = errno;
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, sock, nullptr);
+    close(sock);
+    close(w.pidfd);
+    return Status::FromErrno("epoll_ctl", err);
+  }
+  workers_.emplace(worker, std::move(w));
+  return Status::OK();
+}
+
+void Supervisor::RemoveWorker(int worker) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (w.sock >= 0) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
+    close(w.sock);
+  }
+  if (w.pidfd >= 0) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);
+    close(w.pidfd);
+  }
+  workers_.erase(it);  // slot mappings die with their last holder
+}
+
+Status Supervisor::Send(int worker, const MessageHeader& header, const void* payload,
+                        size_t size) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return Status::Error(Code::kInvalidArgument, "no such worker");
+  if (it->second.channel_closed) return Status::Error(Code::kClosed, "the worker's channel is closed");
+  return SendMessage(it->second.sock, header, payload, size);
+}
+
+Status Supervisor::PeekExit(int pidfd, pid_t pid, WorkerExit* out, bool* exited) {
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  int rc = waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info,
+                  WEXITED | WNOWAIT | WNOHANG);
+  if (rc != 0 && errno == EINVAL) {  // kernels before 5.4: by pid
+    rc = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT | WNOHANG);
+  }
+  if (rc != 0) {
+    if (errno == ECHILD) {  // already reaped by someone else: we cannot know more
+      *exited = true;
+      return Status::OK();
+    }
+    return Status::FromErrno("waitid", errno);
+  }
+  *exited = info.si_pid != 0;
+  if (!*exited) return Status::OK();
+  if (info.si_code == CLD_EXITED) {
+    out->exit_code = info.si_status;
+  } else {
+    out->signal = info.si_status;
+    out->core_dumped = info.si_code == CLD_DUMPED;
+  }
+  return Status::OK();
+}
+
+Status Supervisor::Absorb(int id, Worker& w, Message& m, bool* consumed, SupervisorEvent* event) {
+  *consumed = false;
+  switch (m.type()) {
+    case MessageType::kSlotNew: {
+      if (m.fd < 0) return Status::Error(Code::kCorrupt, "a slot announcement came without its memfd");
+      std::unique_ptr<Segment> seg;
+      Status st = Segment::Map(m.fd, &seg);
+      close(m.fd);
+      m.fd = -1;
+      if (!st.ok()) return st;
+      if (seg->size() < kSlotHeaderSize) return Status::Error(Code::kCorrupt, "slot too small");
+      w.slots[static_cast<uint32_t>(m.header.a)] = std::shared_ptr<Segment>(std::move(seg));
+      *consumed = true;
+      return Status::OK();
+    }
+    case MessageType::kSlotRetire:
+      w.slots.erase(static_cast<uint32_t>(m.header.a));
+      *consumed = true;
+      return Status::OK();
+    case MessageType::kBatch: {
+      auto it = w.slots.find(static_cast<uint32_t>(m.header.a));
+      if (it == w.slots.end()) {
+        return Status::Error(Code::kCorrupt, "worker " + std::to_string(id) +
+                                                 " announced a batch in an unknown slot");
+      }
+      event->slot = it->second;
+      break;
+    }
+    default:
+      break;
+  }
+  if (m.fd >= 0) {  // no other message carries a descriptor
+    close(m.fd);
+    m.fd = -1;
+  }
+  event->kind = SupervisorEvent::Kind::kMessage;
+  event->worker = id;
+  event->message = std::move(m);
+  return Status::OK();
+}
+
+// A worker whose process has exited: first hand out what it sent before dying, then its death.
+Status Supervisor::DrainDead(SupervisorEvent* event, bool* produced) {
+  *produced = false;
+  for (auto& kv : workers_) {
+    Worker& w = kv.second;
+    if (!w.exited || w.death_reported) continue;
+    while (!w.channel_closed) {
+      Message m;
+      Status st = ReceiveMessage(w.sock, &m, /*nonblocking=*/true);
+      if (st.code() == Code::kTimeout || st.code() == Code::kClosed) {
+        w.channel_closed = true;
+        break;
+      }
+      if (!st.ok()) {
+        w.channel_closed = true;
+        break;
+      }
+      bool consumed = false;
+      STOKER_RETURN_IF_ERROR(Absorb(kv.first, w, m, &consumed, event));
+      if (!consumed) {
+        *produced = true;
+        return Status::OK();
+      }
+    }
+    bool exited = false;
+    STOKER_RETURN_IF_ERROR(PeekExit(w.pidfd, w.pid, &event->exit, &exited));
+    w.death_reported = true;
+    event->kind = SupervisorEvent::Kind::kDied;
+    event->worker = kv.first;
+    *produced = true;
+    return Status::OK();
+  }
+  return Status::OK();
+}
+
+Status Supervisor::Wait(int timeout_ms, SupervisorEvent* event) {
+  event->kind = SupervisorEvent::Kind::kTimeout;
+  event->slot.reset();
+  bool produced = false;
+  STOKER_RETURN_IF_ERROR(DrainDead(event, &produced));
+  if (produced) return Status::OK();
+  constexpr int kMaxEvents = 16;
+  struct epoll_event evs[kMaxEvents];
+  for (;;) {
+    int n = epoll_wait(epfd_, evs, kMaxEvents, timeout_ms);
+    if (n < 0) {
+      if (errno == EINTR) return Status::Error(Code::kInterrupted, "interrupted by a signal", EINTR);
+      return Status::FromErrno("epoll_wait", errno);
+    }
+    if (n == 0) return Status::OK();  // kTimeout
+    // Sockets first: a message that arrived before a death must not be lost.
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = evs[i].data.u64;
+      const int id = static_cast<int>(tag >> 1);
+      auto it = workers_.find(id);
+      if (it == workers_.end()) continue;
+      Worker& w = it->second;
+      if (tag & 1) {
+        w.exited = true;
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);  // level-triggered: stop repeating
+        continue;
+      }
+      if (w.channel_closed) continue;
+      Message m;
+      Status st = ReceiveMessage(w.sock, &m, /*nonblocking=*/true);
+      if (st.code() == Code::kTimeout) continue;
+      if (st.code() == Code::kClosed || !st.ok()) {
+        // The worker closed its end (exiting or dead): its pidfd will say how it ended.
+        w.channel_closed = true;
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
+        continue;
+      }
+      bool consumed = false;
+      STOKER_RETURN_IF_ERROR(Absorb(id, w, m, &consumed, event));
+      if (!consumed) return Status::OK();
+    }
+    STOKER_RETURN_IF_ERROR(DrainDead(event, &produced));
+    if (produced) return Status::OK();
+    if (timeout_ms == 0) return Status::OK();
+    // Only slot announcements arrived: wait again (the caller's deadline is approximate).
+  }
+}
+
+std::vector<int> Supervisor::OwnedFds() const {
+  std::vector<int> fds{epfd_};
+  for (const auto& kv : workers_) {
+    if (kv.second.sock >= 0) fds.push_back(kv.second.sock);
+    if (kv.second.pidfd >= 0) fds.push_back(kv.second.pidfd);
+  }
+  return fds;
+}
+
+size_t Supervisor::mapped_slot_count() const {
+  size_t n = 0;
+  for (const auto& kv : workers_) n += kv.second.slots.size();
+  return n;
+}
+
+}  // namespace stoker

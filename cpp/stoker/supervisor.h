@@ -1,0 +1,82 @@
+// Supervisor: the main process's view of its workers.
+//
+// One epoll set holds, for every worker, its channel socket and a pidfd. A message, a death and a
+// deadline all wake the same wait, so a worker that dies is seen within milliseconds, not at the
+// next polling interval. Slot announcements (kSlotNew / kSlotRetire) are handled here: the slot is
+// mapped and its descriptor closed at once, so the main process holds two descriptors per worker
+// whatever the number of batches. Every other message is returned to the caller; messages a worker
+// sent before it died are delivered before its death.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "stoker/channel.h"
+#include "stoker/segment.h"
+#include "stoker/status.h"
+
+namespace stoker {
+
+struct WorkerExit {
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal killed it (0 otherwise)
+  bool core_dumped = false;
+};
+
+struct SupervisorEvent {
+  enum class Kind { kTimeout, kMessage, kDied };
+  Kind kind = Kind::kTimeout;
+  int worker = -1;
+  Message message;                   // kMessage
+  std::shared_ptr<Segment> slot;     // kMessage of type kBatch: the slot it names
+  WorkerExit exit;                   // kDied
+};
+
+class Supervisor {
+ public:
+  static Status Create(std::unique_ptr<Supervisor>* out);
+  ~Supervisor();
+
+  // Starts watching a worker. Takes ownership of `sock` (the main process's end).
+  Status AddWorker(int worker, int sock, pid_t pid);
+  // Stops watching; closes its descriptors. Slots stay mapped while something still holds them.
+  void RemoveWorker(int worker);
+  bool HasWorker(int worker) const { return workers_.count(worker) != 0; }
+
+  Status Send(int worker, const MessageHeader& header, const void* payload, size_t size);
+
+  // Waits up to timeout_ms (0: poll) for the next event. kInterrupted when a signal arrived.
+  Status Wait(int timeout_ms, SupervisorEvent* event);
+
+  // Reads a worker's exit status without reaping it (the caller's process library reaps).
+  static Status PeekExit(int pidfd, pid_t pid, WorkerExit* out, bool* exited);
+
+  // Every descriptor this supervisor owns: a forked child closes them.
+  std::vector<int> OwnedFds() const;
+  int worker_count() const { return static_cast<int>(workers_.size()); }
+  size_t mapped_slot_count() const;
+
+ private:
+  struct Worker {
+    int sock = -1;
+    int pidfd = -1;
+    pid_t pid = 0;
+    bool exited = false;        // its pidfd fired
+    bool channel_closed = false;
+    bool death_reported = false;
+    std::map<uint32_t, std::shared_ptr<Segment>> slots;
+  };
+  explicit Supervisor(int epfd) : epfd_(epfd) {}
+  // Handles one message internally when it is a slot announcement; true if consumed.
+  Status Absorb(int id, Worker& w, Message& m, bool* consumed, SupervisorEvent* event);
+  Status DrainDead(SupervisorEvent* event, bool* produced);
+
+  int epfd_;
+  std::map<int, Worker> workers_;
+};
+
+}  // namespace stoker

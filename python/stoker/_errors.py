@@ -1,0 +1,57 @@
+"""stoker's exceptions: one small hierarchy users can catch.
+
+Errors raised by the user's own code (``__getitem__``, ``collate_fn``) keep their own type, as in
+torch; these classes cover what the loader itself has to say.
+"""
+
+
+class EngineError(RuntimeError):
+    """The engine failed: a system call, shared memory, or the control channel."""
+
+
+class CorruptBatchError(EngineError):
+    """A worker's slot did not hold a valid batch; it was dropped without harming this process."""
+
+
+class CollateError(RuntimeError):
+    """Samples of one batch could not be combined (different shapes, lengths or keys)."""
+
+
+class BatchEncodingError(TypeError):
+    """A batch holds an object that can be neither laid out in shared memory nor pickled."""
+
+
+class FallbackRequired(Exception):
+    """Internal: the C++ collate fast path declined; collate in Python instead."""
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed."""
+
+
+class WorkerCrashed(WorkerError):
+    """A worker process died: killed by a signal or exited.
+
+    Attributes: ``worker_id``, ``pid``, ``signal`` (a name such as ``"SIGKILL"``, or None),
+    ``exit_code`` (or None when a signal killed it), ``cause`` (in words), ``indices`` (the
+    task numbers it had in flight).
+    """
+
+    def __init__(self, message, *, worker_id=None, pid=None, signal=None, exit_code=None,
+                 cause=None, indices=()):
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.signal = signal
+        self.exit_code = exit_code
+        self.cause = cause
+        self.indices = list(indices)
+
+    def __reduce__(self):
+        return (_rebuild_crashed, (self.args[0], self.__dict__))
+
+
+def _rebuild_crashed(message, state):
+    exc = WorkerCrashed(message)
+    exc.__dict__.update(state)
+    return exc

@@ -1,0 +1,133 @@
+// The _stoker extension: one register_<area>() per part of the core it exposes.
+#include "common.h"
+
+#include "stoker/segment.h"
+
+namespace stoker::py {
+
+void register_worker(nb::module_& m);
+void register_supervisor(nb::module_& m);
+void register_wire(nb::module_& m);
+
+[[noreturn]] void Raise(const Status& st) {
+  nb::object errors = nb::module_::import_("stoker._errors");
+  PyObject* cls;
+  switch (st.code()) {
+    case Code::kOutOfMemory: cls = PyExc_MemoryError; break;
+    case Code::kTimeout: cls = PyExc_TimeoutError; break;
+    default: cls = errors.attr("EngineError").ptr(); break;
+  }
+  PyErr_SetString(cls, st.message().c_str());
+  throw nb::python_error();
+}
+
+[[noreturn]] void RaiseStoker(const char* name, const std::string& message) {
+  nb::object errors = nb::module_::import_("stoker._errors");
+  nb::object cls = errors.attr(name);
+  PyErr_SetString(cls.ptr(), message.c_str());
+  throw nb::python_error();
+}
+
+PyTypes& Types() {
+  static PyTypes* t = nullptr;
+  if (t != nullptr) {
+    if (t->torch_tensor == nullptr) {
+      // torch may have been imported after our first use (workers import it lazily).
+      nb::object modules = nb::module_::import_("sys").attr("modules");
+      if (PyDict_GetItemString(modules.ptr(), "torch") != nullptr) {
+        nb::object torch = nb::module_::import_("torch");
+        t->torch_tensor = torch.attr("Tensor").ptr();
+        Py_INCREF(t->torch_tensor);
+        t->torch_from_dlpack = nb::module_::import_("torch.utils.dlpack").attr("from_dlpack");
+        t->torch_output = true;
+      }
+    }
+    return *t;
+  }
+  t = new PyTypes();
+  nb::object np = nb::module_::import_("numpy");
+  t->np_ndarray = np.attr("ndarray").ptr();
+  t->np_generic = np.attr("generic").ptr();
+  t->np_bool = np.attr("bool_").ptr();
+  t->np_number = np.attr("number").ptr();
+  for (PyObject* o : {t->np_ndarray, t->np_generic, t->np_bool, t->np_number}) Py_INCREF(o);
+  nb::object pickle = nb::module_::import_("pickle");
+  t->pickle_dumps = pickle.attr("dumps");
+  t->pickle_loads = pickle.attr("loads");
+  return Types();
+}
+
+std::string Repr(nb::handle obj) {
+  PyObject* r = PyObject_Repr(obj.ptr());
+  if (r == nullptr) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  std::string s = PyUnicode_AsUTF8(r);
+  Py_DECREF(r);
+  return s;
+}
+
+DType FromDLPack(nb::dlpack::dtype dt, bool* ok) {
+  *ok = dt.lanes == 1;
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(dt.code);
+  switch (code) {
+    case C::Bool: if (dt.bits == 8) return DType::kBool; break;
+    case C::Int:
+      if (dt.bits == 8) return DType::kInt8;
+      if (dt.bits == 16) return DType::kInt16;
+      if (dt.bits == 32) return DType::kInt32;
+      if (dt.bits == 64) return DType::kInt64;
+      break;
+    case C::UInt:
+      if (dt.bits == 8) return DType::kUInt8;
+      if (dt.bits == 16) return DType::kUInt16;
+      if (dt.bits == 32) return DType::kUInt32;
+      if (dt.bits == 64) return DType::kUInt64;
+      break;
+    case C::Float:
+      if (dt.bits == 16) return DType::kFloat16;
+      if (dt.bits == 32) return DType::kFloat32;
+      if (dt.bits == 64) return DType::kFloat64;
+      break;
+    case C::Bfloat: if (dt.bits == 16) return DType::kBFloat16; break;
+    case C::Complex:
+      if (dt.bits == 64) return DType::kComplex64;
+      if (dt.bits == 128) return DType::kComplex128;
+      break;
+    default: break;
+  }
+  *ok = false;
+  return DType::kUInt8;
+}
+
+nb::dlpack::dtype ToDLPack(DType d) {
+  using C = nb::dlpack::dtype_code;
+  nb::dlpack::dtype dt;
+  dt.lanes = 1;
+  dt.bits = static_cast<uint8_t>(DTypeSize(d) * 8);
+  switch (d) {
+    case DType::kBool: dt.code = static_cast<uint8_t>(C::Bool); break;
+    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
+      dt.code = static_cast<uint8_t>(C::Int); break;
+    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+      dt.code = static_cast<uint8_t>(C::UInt); break;
+    case DType::kFloat16: case DType::kFloat32: case DType::kFloat64:
+      dt.code = static_cast<uint8_t>(C::Float); break;
+    case DType::kBFloat16: dt.code = static_cast<uint8_t>(C::Bfloat); break;
+    case DType::kComplex64: case DType::kComplex128:
+      dt.code = static_cast<uint8_t>(C::Complex); break;
+  }
+  return dt;
+}
+
+NB_MODULE(_stoker, m) {
+  m.doc() = "stoker's C++ engine: slots, channels, wire format and supervision.";
+  m.attr("page_size") = PageSize();
+  register_wire(m);
+  register_worker(m);
+  register_supervisor(m);
+}
+
+}  // namespace stoker::py

@@ -1,0 +1,108 @@
+#include "py_decode.h"
+
+#include <nanobind/ndarray.h>
+
+#include <string>
+
+namespace stoker::py {
+namespace {
+
+class Builder {
+ public:
+  Builder(const DecodedBatch& b, nb::handle owner) : b_(b), owner_(owner) {}
+
+  nb::object Next(int depth) {
+    const DecodedNode& n = b_.nodes[pos_++];
+    switch (n.kind) {
+      case NodeKind::kNone: return nb::none();
+      case NodeKind::kBool: return nb::bool_(n.int_value != 0);
+      case NodeKind::kInt: return nb::int_(n.int_value);
+      case NodeKind::kFloat: return nb::float_(n.float_value);
+      case NodeKind::kStr: {
+        PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(n.data),
+                                           static_cast<Py_ssize_t>(n.nbytes), "strict");
+        if (s == nullptr) throw nb::python_error();
+        return nb::steal(s);
+      }
+      case NodeKind::kBytes:
+        return nb::steal(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(n.data),
+                                                   static_cast<Py_ssize_t>(n.nbytes)));
+      case NodeKind::kBigInt: {
+        std::string text(reinterpret_cast<const char*>(n.data), n.nbytes);
+        PyObject* v = PyLong_FromString(text.c_str(), nullptr, 10);
+        if (v == nullptr) throw nb::python_error();
+        return nb::steal(v);
+      }
+      case NodeKind::kPickled: return Unpickle(n.data, n.nbytes);
+      case NodeKind::kArray: return Array(n);
+      case NodeKind::kList:
+      case NodeKind::kTuple: {
+        PyObject* seq = n.kind == NodeKind::kList ? PyList_New(n.count) : PyTuple_New(n.count);
+        nb::object out = nb::steal(seq);
+        for (uint32_t i = 0; i < n.count; ++i) {
+          nb::object item = Next(depth + 1);
+          if (n.kind == NodeKind::kList) {
+            PyList_SET_ITEM(seq, i, item.release().ptr());
+          } else {
+            PyTuple_SET_ITEM(seq, i, item.release().ptr());
+          }
+        }
+        return out;
+      }
+      case NodeKind::kDict: {
+        nb::dict d;
+        for (uint32_t i = 0; i < n.count; ++i) {
+          nb::object k = Next(depth + 1);
+          nb::object v = Next(depth + 1);
+          d[k] = v;
+        }
+        return d;
+      }
+      case NodeKind::kNamedTuple: {
+        nb::object type = Unpickle(n.data, n.nbytes);
+        nb::list fields;
+        for (uint32_t i = 0; i < n.count; ++i) fields.append(Next(depth + 1));
+        return type(*nb::tuple(fields));
+      }
+    }
+    throw std::runtime_error("unreachable node kind");
+  }
+
+ private:
+  nb::object Unpickle(const uint8_t* data, uint64_t nbytes) {
+    nb::object blob = nb::steal(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(data),
+                                                          static_cast<Py_ssize_t>(nbytes)));
+    return Types().pickle_loads(blob);
+  }
+
+  nb::object Array(const DecodedNode& n) {
+    size_t shape[kMaxDims];
+    const int64_t* s = b_.shape(n);
+    for (int i = 0; i < n.ndim; ++i) shape[i] = static_cast<size_t>(s[i]);
+    void* data = const_cast<uint8_t*>(n.data);
+    const nb::dlpack::dtype dt = ToDLPack(n.dtype);
+    const bool numpy = (n.flags & kArrayAsNumpy) != 0 || !Types().torch_output;
+    if (numpy) {
+      if (n.dtype == DType::kBFloat16) {
+        throw std::runtime_error("a bfloat16 tensor cannot be delivered without torch installed");
+      }
+      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_, nullptr, dt)
+          .cast();
+    }
+    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_, nullptr, dt)
+        .cast();
+  }
+
+  const DecodedBatch& b_;
+  nb::handle owner_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+nb::object BuildBatch(const DecodedBatch& batch, nb::handle owner) {
+  Builder b(batch, owner);
+  return b.Next(0);
+}
+
+}  // namespace stoker::py
