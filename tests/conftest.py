@@ -1,0 +1,44 @@
+"""Shared helpers: run a scenario in its own subprocess with a hard time bound."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_script(code: str, timeout: float = 60, env: dict | None = None, wrapper=None):
+    """Runs `code` in a fresh interpreter (cwd = tests/), returns CompletedProcess.
+
+    A hang is a failure: the process group is killed at `timeout`.
+    """
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = HERE + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONFAULTHANDLER"] = "1"
+    if env:
+        full_env.update(env)
+    cmd = [sys.executable, "-c", textwrap.dedent(code)]
+    if wrapper:
+        cmd = wrapper + cmd
+    try:
+        return subprocess.run(
+            cmd,
+            cwd=HERE,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"scenario hung for {timeout}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+
+
+@pytest.fixture
+def script():
+    return run_script

@@ -1,0 +1,109 @@
+"""Datasets that fail on purpose, importable by worker processes under any start method."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class Squares(Dataset):
+    """Sample i: a float tensor filled with i, and i as an int label."""
+
+    def __init__(self, n=64, shape=(4,)):
+        self.n = n
+        self.shape = shape
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full(self.shape, float(i)), i
+
+
+class RaisesAt(Squares):
+    def __init__(self, bad, exc=ValueError, n=64):
+        super().__init__(n)
+        self.bad = bad
+        self.exc = exc
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise self.exc(f"cannot decode sample {i}: corrupt file")
+        return super().__getitem__(i)
+
+
+class RaggedAt(Squares):
+    """Sample `bad` has a different image shape."""
+
+    def __init__(self, bad, n=64):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        h = 5 if i == self.bad else 4
+        return {"image": torch.zeros(3, h, 4), "label": i}
+
+
+class KillsSelfAt(Squares):
+    def __init__(self, bad, signum=signal.SIGKILL, n=64):
+        super().__init__(n)
+        self.bad = bad
+        self.signum = signum
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            if self.signum == signal.SIGSEGV:
+                ctypes.string_at(0)  # a real segfault, as a buggy C extension would cause
+            os.kill(os.getpid(), self.signum)
+            time.sleep(5)
+        return super().__getitem__(i)
+
+
+class ExitsAt(Squares):
+    def __init__(self, bad, code=3, n=64):
+        super().__init__(n)
+        self.bad = bad
+        self.code = code
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            os._exit(self.code)
+        return super().__getitem__(i)
+
+
+class Unpicklable:
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+def collate_with_lock(batch):
+    return {"x": torch.stack([b[0] for b in batch]), "handle": Unpicklable()}
+
+
+class Big(Dataset):
+    """Samples of `mb` megabytes each, filled with their index."""
+
+    def __init__(self, n=4, mb=64):
+        self.n = n
+        self.numel = mb * 1024 * 1024 // 4
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((self.numel,), float(i))
+
+
+class NumpyOnly(Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return np.full((2, 2), i, dtype=np.int32)
