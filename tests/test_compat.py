@@ -143,6 +143,9 @@ def run_both(make_dataset, *, epochs=1, seed=0, **kwargs):
         seed_everything(seed)
         loader = make_loader(impl, make_dataset(), **kwargs)
         results[impl] = collect(loader, epochs)
+        # Drop the loader now: a failing assert would otherwise keep (persistent) workers
+        # alive through the traceback and slow down every later test.
+        del loader
     assert_same(results["torch"], results["stoker"], "epochs")
     return results["torch"]
 
@@ -921,6 +924,7 @@ def test_early_break_then_reiterate(num_workers, persistent):
             if i == 1:
                 break
         seen[impl] = (partial, collect(loader, epochs=2))
+        del loader, batch
     assert_same(seen["torch"], seen["stoker"])
     assert len(seen["torch"][1][0]) == 6
 

@@ -131,6 +131,7 @@ print("OK")
 )
 def test_invalid_arguments_raise_what_torch_raises(kwargs, exc):
     import torch
+
     import stoker
     from scenario_datasets import Squares
 

@@ -95,21 +95,41 @@ Status DecodeBatch(const uint8_t* buf, size_t size, DecodedBatch* out) {
     if (d.kind == NodeKind::kArray) {
       if (w.dtype >= kDTypeCount) return Corrupt("unknown dtype " + std::to_string(w.dtype));
       if (w.ndim > kMaxDims) return Corrupt("array with more than 32 dimensions");
-      if (uint64_t{w.dims_index} + w.ndim > h.dim_count) return Corrupt("shape out of bounds");
+      d.strided = (w.flags & kArrayStrided) != 0;
+      const uint64_t entries = d.strided ? 2ull * w.ndim : w.ndim;
+      if (uint64_t{w.dims_index} + entries > h.dim_count) return Corrupt("shape out of bounds");
       d.dtype = static_cast<DType>(w.dtype);
       d.ndim = w.ndim;
       d.shape_index = static_cast<uint32_t>(out->dims.size());
-      uint64_t bytes = DTypeSize(d.dtype);
-      for (int k = 0; k < d.ndim; ++k) {
+      const uint64_t itemsize = DTypeSize(d.dtype);
+      uint64_t bytes = itemsize;
+      for (uint64_t k = 0; k < entries; ++k) {
         int64_t dim;
         std::memcpy(&dim, dims + w.dims_index + k, sizeof(dim));
         out->dims.push_back(dim);
-        if (dim < 0) return Corrupt("negative dimension");
-        if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
+        if (dim < 0) return Corrupt(k < w.ndim ? "negative dimension" : "negative stride");
+        if (k < w.ndim && __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
           return Corrupt("array size overflows");
         }
       }
-      if (bytes != w.nbytes) return Corrupt("array byte count does not match its shape");
+      if (!d.strided) {
+        if (bytes != w.nbytes) return Corrupt("array byte count does not match its shape");
+      } else if (bytes != 0) {
+        // The last element the strides reach must lie inside the bytes that travelled.
+        const int64_t* shape = out->dims.data() + d.shape_index;
+        uint64_t last = 0;
+        for (int k = 0; k < d.ndim; ++k) {
+          uint64_t step;
+          if (__builtin_mul_overflow(static_cast<uint64_t>(shape[k] - 1),
+                                     static_cast<uint64_t>(shape[k + d.ndim]), &step) ||
+              __builtin_add_overflow(last, step, &last)) {
+            return Corrupt("strides overflow");
+          }
+        }
+        if (w.nbytes % itemsize != 0 || last >= w.nbytes / itemsize) {
+          return Corrupt("strides reach outside the array's bytes");
+        }
+      }
       if (w.offset % kArrayAlignment != 0) return Corrupt("misaligned array");
     }
   }

@@ -23,6 +23,7 @@ struct DecodedNode {
   int ndim;
   uint32_t count;          // containers: children (dict: pairs)
   uint32_t shape_index;    // arrays: first of ndim entries in DecodedBatch::dims
+  bool strided;            // arrays: ndim strides (elements) follow the shape in dims
   const uint8_t* data;     // heap data (arrays, str, bytes, pickled, namedtuple type)
   uint64_t nbytes;
   int64_t int_value;       // kInt, kBool
@@ -33,6 +34,9 @@ struct DecodedBatch {
   std::vector<DecodedNode> nodes;  // pre-order
   std::vector<int64_t> dims;       // copied out of shared memory, so they cannot change later
   const int64_t* shape(const DecodedNode& n) const { return dims.data() + n.shape_index; }
+  const int64_t* strides(const DecodedNode& n) const {
+    return n.strided ? dims.data() + n.shape_index + n.ndim : nullptr;
+  }
 };
 
 // Validates the batch in buf[0, size) and fills *out.

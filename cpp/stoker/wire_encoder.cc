@@ -132,6 +132,27 @@ Status WireEncoder::AddArray(DType dtype, uint8_t flags, const int64_t* shape, i
   return Status::OK();
 }
 
+Status WireEncoder::AddStridedArray(DType dtype, uint8_t flags, const int64_t* shape,
+                                    const int64_t* strides, int ndim, const uint8_t* data,
+                                    uint64_t extent_bytes) {
+  if (ndim < 0 || ndim > kMaxDims) {
+    return Status::Error(Code::kTooLarge, "arrays may have at most 32 dimensions");
+  }
+  const int64_t flat_shape[1] = {static_cast<int64_t>(extent_bytes)};
+  ArraySource src{data, flat_shape, nullptr, 1};
+  // The bytes travel as one flat run; the node then describes them with shape and strides.
+  STOKER_RETURN_IF_ERROR(AddArray(DType::kUInt8, flags, flat_shape, 1, &src, 1));
+  WireNode& n = nodes_.back();
+  n.dtype = static_cast<uint8_t>(dtype);
+  n.ndim = static_cast<uint8_t>(ndim);
+  n.flags = flags | kArrayStrided;
+  n.dims_index = static_cast<uint32_t>(dims_.size() - 1);
+  dims_.pop_back();
+  dims_.insert(dims_.end(), shape, shape + ndim);
+  dims_.insert(dims_.end(), strides, strides + ndim);
+  return Status::OK();
+}
+
 Status WireEncoder::AddOwnedArray(DType dtype, uint8_t flags, const int64_t* shape, int ndim,
                                   std::string bytes) {
   owned_.push_back(std::move(bytes));

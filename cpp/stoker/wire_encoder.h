@@ -44,6 +44,10 @@ class WireEncoder {
   // product of `shape`. Source shapes and strides are copied; source data is borrowed.
   Status AddArray(DType dtype, uint8_t flags, const int64_t* shape, int ndim,
                   const ArraySource* sources, size_t source_count);
+  // One array that keeps its layout: `strides` in elements (all >= 0); the `extent_bytes` of
+  // memory from `data` that they span are copied as they are.
+  Status AddStridedArray(DType dtype, uint8_t flags, const int64_t* shape, const int64_t* strides,
+                         int ndim, const uint8_t* data, uint64_t extent_bytes);
   // An array whose bytes the encoder keeps (for instance collated Python numbers).
   Status AddOwnedArray(DType dtype, uint8_t flags, const int64_t* shape, int ndim,
                        std::string bytes);

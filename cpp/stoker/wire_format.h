@@ -54,6 +54,11 @@ const char* DTypeName(DType d);
 
 // Flags of an array node.
 constexpr uint8_t kArrayAsNumpy = 1;  // deliver a NumPy array, not a torch tensor
+// The array keeps its source's strides: the dims table holds ndim shape entries then ndim
+// strides (in elements, >= 0), and the heap holds the memory the strides span. Used where torch
+// hands a tensor over as it is (batch_size=None, a collate_fn's output): channels_last and
+// expanded tensors keep their layout.
+constexpr uint8_t kArrayStrided = 2;
 
 struct BatchHeader {
   uint32_t magic;

@@ -109,6 +109,12 @@ def _cuda_initialized() -> bool:
 class MultiProcessIter(_BaseDataLoaderIter):
     def __init__(self, loader) -> None:
         super().__init__(loader)
+        if self._num_workers <= 0:
+            raise AssertionError("num_workers must be greater than 0 for MultiProcessingDataLoaderIter")
+        if loader.prefetch_factor <= 0:
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._worker_init_fn = loader.worker_init_fn
@@ -155,7 +161,9 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     self._drop_last,
                     self._base_seed,
                     self._worker_init_fn,
-                    os.getpid(),
+                    # The worker checks that its parent is still there; under forkserver its
+                    # parent is the fork server, not this process (the channel covers us).
+                    os.getpid() if self._ctx.get_start_method() != "forkserver" else 0,
                 ),
                 daemon=True,
             )

@@ -86,10 +86,12 @@ class Builder {
       if (n.dtype == DType::kBFloat16) {
         throw std::runtime_error("a bfloat16 tensor cannot be delivered without torch installed");
       }
-      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_, nullptr, dt)
+      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_,
+                                    b_.strides(n), dt)
           .cast();
     }
-    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_, nullptr, dt)
+    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_,
+                                    b_.strides(n), dt)
         .cast();
   }
 

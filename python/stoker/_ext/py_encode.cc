@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "stoker/strided_copy.h"
+
 namespace stoker::py {
 namespace {
 
@@ -100,6 +102,18 @@ bool PyBatchEncoder::ViewNumpy(PyObject* obj, View* v) {
       st *= b.shape[i];
     }
   }
+  bool empty = false;
+  for (int i = 0; i < b.ndim; ++i) empty = empty || b.shape[i] == 0;
+  if (empty && PyObject_HasAttrString(obj, "strides")) {
+    // The buffer protocol normalises an empty array's strides; torch.as_tensor keeps NumPy's.
+    nb::object st = nb::steal(PyObject_GetAttrString(obj, "strides"));
+    if (st.is_valid() && PyTuple_Check(st.ptr()) && PyTuple_GET_SIZE(st.ptr()) == b.ndim) {
+      for (int i = 0; i < b.ndim; ++i) {
+        v->strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(st.ptr(), i));
+      }
+    }
+    PyErr_Clear();
+  }
   return true;
 }
 
@@ -161,6 +175,29 @@ bool PyBatchEncoder::AddStacked(const std::vector<View>& views, uint8_t flags, b
   }
   Check(wire_.AddArray(f.dtype, flags, shape, ndim, sources.data(), sources.size()));
   return true;
+}
+
+bool PyBatchEncoder::AddSingle(const View& v, uint8_t flags) {
+  const int64_t itemsize = static_cast<int64_t>(DTypeSize(v.dtype));
+  int64_t numel = 1, last = 0;
+  bool non_negative = true;
+  for (int i = 0; i < v.ndim; ++i) {
+    numel *= v.shape[i];
+    if (v.strides[i] < 0 || v.strides[i] % itemsize != 0) non_negative = false;
+    last += (v.shape[i] - 1) * v.strides[i];
+  }
+  const bool contiguous = IsContiguous(v.shape, v.strides, v.ndim, static_cast<size_t>(itemsize));
+  // Keep the layout (channels_last, expanded, transposed) as torch does when it pickles a tensor,
+  // unless the memory the strides span is much larger than the data (a thin slice of a big one).
+  // Empty arrays keep their (meaningless but visible) strides too.
+  if (non_negative && (numel == 0 || (!contiguous && last / itemsize + 1 <= 4 * numel))) {
+    int64_t strides[kMaxDims];
+    for (int i = 0; i < v.ndim; ++i) strides[i] = v.strides[i] / itemsize;
+    const uint64_t extent = numel == 0 ? 0 : static_cast<uint64_t>(last + itemsize);
+    Check(wire_.AddStridedArray(v.dtype, flags, v.shape, strides, v.ndim, v.data, extent));
+    return true;
+  }
+  return AddStacked({v}, flags, false);
 }
 
 bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path, int depth,
@@ -346,7 +383,7 @@ bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path,
 }
 
 void PyBatchEncoder::Pickle(PyObject* obj) {
-  PyObject* blob = PyObject_CallFunction(Types().pickle_dumps.ptr(), "Oi", obj, 5);
+  PyObject* blob = PyObject_CallOneArg(Types().pickle_dumps.ptr(), obj);
   if (blob == nullptr) {
     nb::python_error cause;
     const std::string type_name = Py_TYPE(obj)->tp_name;
@@ -408,7 +445,7 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
   }
   if (T.torch_tensor != nullptr && Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(T.torch_tensor)) {
     View v;
-    if (ViewTensor(obj, &v)) return AddStacked({v}, 0, false);
+    if (ViewTensor(obj, &v)) return AddSingle(v, 0);
     Pickle(obj);
     return true;
   }
@@ -416,7 +453,7 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
     View v;
     if (ViewNumpy(obj, &v)) {
       const uint8_t flags = mode == EncodeMode::kConvert ? 0 : kArrayAsNumpy;
-      return AddStacked({v}, flags, false);
+      return AddSingle(v, flags);
     }
     Pickle(obj);  // strings, objects, big-endian: unchanged by default_convert too
     return true;
@@ -424,7 +461,7 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
   if (mode == EncodeMode::kConvert && IsInstance(obj, T.np_generic) &&
       (IsInstance(obj, T.np_bool) || IsInstance(obj, T.np_number))) {
     View v;
-    if (ViewNumpy(obj, &v)) return AddStacked({v}, 0, false);
+    if (ViewNumpy(obj, &v)) return AddSingle(v, 0);
     return false;
   }
   if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {

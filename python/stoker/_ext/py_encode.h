@@ -47,6 +47,8 @@ class PyBatchEncoder {
   bool ViewNumpy(PyObject* obj, View* v);
   bool ViewTensor(PyObject* obj, View* v);
   bool AddStacked(const std::vector<View>& views, uint8_t flags, bool stacked);
+  // One array handed over as it is: keeps its strides when that costs little memory.
+  bool AddSingle(const View& v, uint8_t flags);
   [[noreturn]] void ShapeMismatch(const std::string& path, size_t a, const View& va, size_t b,
                                   const View& vb);
   std::string SampleName(size_t i) const;

@@ -1,0 +1,42 @@
+"""Pickling for what the wire format cannot lay out flat.
+
+Plain pickle, except for torch tensors that DLPack cannot export (float8, complex32, conjugate
+views...): torch's own pickling of those relies on its shared-memory reductions, so they travel
+here as their raw bytes plus dtype and shape, and are rebuilt as the same tensor.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+
+
+def _rebuild_tensor(dtype_name, shape, raw, device, requires_grad):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    t = flat.view(dtype).reshape(shape)
+    if device != "cpu":
+        t = t.to(device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj) is not torch.Tensor or obj.layout != torch.strided:
+            return NotImplemented
+        t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        dtype_name = str(t.dtype).split(".")[-1]
+        return (_rebuild_tensor, (dtype_name, tuple(t.shape), raw, str(obj.device), obj.requires_grad))
+
+
+def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=protocol).dump(obj)
+    return buf.getvalue()
