@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -423,6 +424,201 @@ TEST(WireEncoderTest, HeaderFields) {
   EXPECT_EQ(h.total_bytes, buf->size());
 }
 
+// Writes one strided float32[3] array (12 bytes of extent) into a buffer with 4 KB of poisoned
+// slack past the batch; returns how many slack bytes Write() changed. The source is 16 times
+// larger than the extent so that an overlong copy reads only memory it owns.
+size_t StridedWriteOverrun(uint64_t* total_out = nullptr) {
+  static const std::vector<float> source(3 * 16, 2.5f);
+  const int64_t shape[1] = {3};
+  const int64_t strides[1] = {1};
+  WireEncoder enc;
+  if (!enc.AddStridedArray(DType::kFloat32, 0, shape, strides, 1,
+                           reinterpret_cast<const uint8_t*>(source.data()), 12)
+           .ok()) {
+    return 0;
+  }
+  const uint64_t total = enc.Layout();
+  if (total_out != nullptr) *total_out = total;
+  std::vector<uint8_t> dst(total + 4096, 0xcd);
+  if (!enc.Write(dst.data(), total).ok()) return 0;
+  size_t changed = 0;
+  for (size_t i = total; i < dst.size(); ++i) changed += dst[i] != 0xcd;
+  return changed;
+}
+
+// True while Write() copies past a strided array's extent: the tests below that encode strided
+// arrays into exact-size buffers would then corrupt the heap and abort the binary.
+bool StridedWriteOverruns() {
+  static const bool overruns = StridedWriteOverrun() != 0;
+  return overruns;
+}
+
+#define SKIP_IF_STRIDED_WRITE_OVERRUNS()                                                 \
+  if (StridedWriteOverruns())                                                            \
+  GTEST_SKIP() << "BUG: WireEncoder::Write copies itemsize * extent_bytes for an "      \
+                  "AddStridedArray node (see WireEncoderTest.StridedArrayWritesOnlyItsExtent)"
+
+// Write() copies exactly the extent of a strided array: not one byte past the batch it laid out.
+// (AddStridedArray stores the extent as a uint8 piece of extent_bytes elements, then changes the
+// node's dtype; Write() multiplies that element count by the new dtype's size.)
+TEST(WireEncoderTest, StridedArrayWritesOnlyItsExtent) {
+  uint64_t total = 0;
+  const size_t changed = StridedWriteOverrun(&total);
+  EXPECT_EQ(changed, 0u) << "Write() wrote " << changed << " bytes past the " << total
+                         << "-byte batch it laid out (a float32 extent of 12 bytes was copied "
+                            "as 12 * 4 = 48 bytes)";
+}
+
+// A strided array keeps its layout: a channels-last float32 block seen as [N, C, HW] with element
+// strides {12, 1, 3} travels as the 96 bytes it spans, and decodes with the same shape and
+// strides, flagged as strided.
+TEST(WireRoundTripTest, StridedArrayKeepsItsLayout) {
+  SKIP_IF_STRIDED_WRITE_OVERRUNS();
+  float memory[2][4][3];  // N, HW, C in memory
+  for (int n = 0; n < 2; ++n) {
+    for (int hw = 0; hw < 4; ++hw) {
+      for (int c = 0; c < 3; ++c) memory[n][hw][c] = static_cast<float>(n * 100 + c * 10 + hw);
+    }
+  }
+  const int64_t shape[3] = {2, 3, 4};
+  const int64_t strides[3] = {12, 1, 3};
+  WireEncoder enc;
+  enc.AddContainer(NodeKind::kList, 2);
+  enc.AddStr("x", 1);
+  ASSERT_TRUE(enc.AddStridedArray(DType::kFloat32, kArrayAsNumpy, shape, strides, 3,
+                                  reinterpret_cast<const uint8_t*>(memory), sizeof(memory))
+                  .ok());
+  auto buf = Encode(enc);
+  DecodedBatch out;
+  Status st = DecodeBatch(buf->data(), buf->size(), &out);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(out.nodes.size(), 3u);
+  const DecodedNode& a = out.nodes[2];
+  ASSERT_EQ(a.kind, NodeKind::kArray);
+  EXPECT_TRUE(a.strided);
+  EXPECT_EQ(a.flags, kArrayAsNumpy | kArrayStrided);
+  EXPECT_EQ(a.dtype, DType::kFloat32);
+  EXPECT_EQ(Shape(out, a), (std::vector<int64_t>{2, 3, 4}));
+  ASSERT_NE(out.strides(a), nullptr);
+  EXPECT_EQ(std::vector<int64_t>(out.strides(a), out.strides(a) + 3),
+            (std::vector<int64_t>{12, 1, 3}));
+  ASSERT_EQ(a.nbytes, sizeof(memory));
+  EXPECT_EQ(std::memcmp(a.data, memory, sizeof(memory)), 0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data) % 64, 0u);
+  // Logical element [n, c, hw] read through the decoded strides.
+  const float* f = reinterpret_cast<const float*>(a.data);
+  for (int n = 0; n < 2; ++n) {
+    for (int c = 0; c < 3; ++c) {
+      for (int hw = 0; hw < 4; ++hw) {
+        EXPECT_EQ(f[n * 12 + c * 1 + hw * 3], static_cast<float>(n * 100 + c * 10 + hw));
+      }
+    }
+  }
+  // A stacked array beside it is not strided and has no strides.
+  WireEncoder plain;
+  const int64_t two[1] = {2};
+  const ArraySource src{reinterpret_cast<const uint8_t*>(memory), two, nullptr, 1};
+  ASSERT_TRUE(plain.AddArray(DType::kFloat32, 0, two, 1, &src, 1).ok());
+  auto pbuf = Encode(plain);
+  ASSERT_TRUE(DecodeBatch(pbuf->data(), pbuf->size(), &out).ok());
+  EXPECT_FALSE(out.nodes[0].strided);
+  EXPECT_EQ(out.strides(out.nodes[0]), nullptr);
+}
+
+// Expanded (zero-stride) and empty strided arrays round trip.
+TEST(WireRoundTripTest, ExpandedAndEmptyStridedArrays) {
+  SKIP_IF_STRIDED_WRITE_OVERRUNS();
+  const int32_t row[3] = {5, 6, 7};
+  const int64_t shape[2] = {4, 3};
+  const int64_t strides[2] = {0, 1};
+  const int64_t empty_shape[2] = {0, 5};
+  const int64_t empty_strides[2] = {9, 1};
+  WireEncoder enc;
+  enc.AddContainer(NodeKind::kTuple, 2);
+  ASSERT_TRUE(enc.AddStridedArray(DType::kInt32, 0, shape, strides, 2,
+                                  reinterpret_cast<const uint8_t*>(row), sizeof(row))
+                  .ok());
+  ASSERT_TRUE(
+      enc.AddStridedArray(DType::kInt32, 0, empty_shape, empty_strides, 2, nullptr, 0).ok());
+  auto buf = Encode(enc);
+  DecodedBatch out;
+  Status st = DecodeBatch(buf->data(), buf->size(), &out);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const DecodedNode& e = out.nodes[1];
+  EXPECT_TRUE(e.strided);
+  EXPECT_EQ(Shape(out, e), (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(out.strides(e)[0], 0);
+  ASSERT_EQ(e.nbytes, sizeof(row));
+  EXPECT_EQ(std::memcmp(e.data, row, sizeof(row)), 0);
+  const DecodedNode& z = out.nodes[2];
+  EXPECT_TRUE(z.strided);
+  EXPECT_EQ(Shape(out, z), (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(z.nbytes, 0u);
+}
+
+// A single strided float32[2, 3] array with element strides {3, 1}, damaged one field at a time.
+class StridedRejectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_IF_STRIDED_WRITE_OVERRUNS();
+    static const float data[6] = {0, 1, 2, 3, 4, 5};
+    static const int64_t shape[2] = {2, 3};
+    static const int64_t strides[2] = {3, 1};
+    ASSERT_TRUE(enc_.AddStridedArray(DType::kFloat32, 0, shape, strides, 2,
+                                     reinterpret_cast<const uint8_t*>(data), sizeof(data))
+                    .ok());
+    buf_ = Encode(enc_);
+  }
+  // dims: shape[0], shape[1], stride[0], stride[1]
+  void SetDim(int i, int64_t v) {
+    std::memcpy(buf_->data() + ReadHeader(buf_->data()).dims_offset + i * 8, &v, 8);
+  }
+  void SetNbytes(uint64_t v) {
+    std::memcpy(buf_->data() + sizeof(BatchHeader) + offsetof(WireNode, nbytes), &v, 8);
+  }
+  void ExpectCorrupt(const std::string& what) {
+    DecodedBatch out;
+    Status st = DecodeBatch(buf_->data(), buf_->size(), &out);
+    EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+  }
+  WireEncoder enc_;
+  std::unique_ptr<AlignedBuffer> buf_;
+};
+
+TEST_F(StridedRejectTest, ValidBeforeDamage) {
+  DecodedBatch out;
+  EXPECT_TRUE(DecodeBatch(buf_->data(), buf_->size(), &out).ok());
+}
+
+TEST_F(StridedRejectTest, NegativeStride) {
+  SetDim(3, -1);
+  ExpectCorrupt("negative stride");
+}
+
+// The last element the strides reach, (1 * 4 + 2 * 1) = 6, is past the 6 elements that travelled.
+TEST_F(StridedRejectTest, StridesReachOutsideTheBytes) {
+  SetDim(2, 4);
+  ExpectCorrupt("strides reach outside");
+}
+
+TEST_F(StridedRejectTest, ByteCountNotAMultipleOfItemsize) {
+  SetNbytes(22);
+  ExpectCorrupt("strides reach outside");
+}
+
+TEST_F(StridedRejectTest, StridesOverflow) {
+  SetDim(0, 4);
+  SetDim(2, int64_t{1} << 62);
+  ExpectCorrupt("strides overflow");
+}
+
+// A shape that is far too large for the bytes is caught through the strides.
+TEST_F(StridedRejectTest, ShapeTooLargeForTheBytes) {
+  SetDim(0, 1000);
+  ExpectCorrupt("strides reach outside");
+}
+
 // The decoder copies shapes out of the buffer: a later change to the buffer cannot alter them.
 TEST(WireDecoderTest, ShapesAreCopiedOut) {
   const int64_t shape[2] = {2, 2};
@@ -662,6 +858,14 @@ TEST_F(WireDecoderRejectTest, TrailingNodes) {
   ExpectCorrupt("trailing nodes");
 }
 
+// The strided flag on a plain array doubles its dims entries, which then run past the table.
+TEST_F(WireDecoderRejectTest, StridedFlagWithoutStrides) {
+  WireNode n = Node(3);
+  n.flags |= kArrayStrided;
+  SetNode(3, n);
+  ExpectCorrupt("shape out of bounds");
+}
+
 // Heap data beyond the heap, before the heap, and a length that wraps around.
 TEST_F(WireDecoderRejectTest, HeapOffsetOutOfBounds) {
   const WireNode orig = Node(2);
@@ -676,6 +880,7 @@ TEST_F(WireDecoderRejectTest, HeapOffsetOutOfBounds) {
   n.nbytes = UINT64_MAX;
   SetNode(2, n);
   ExpectCorrupt("node 2 points outside the heap");
+  SetNode(2, orig);
   n = Node(3);
   n.offset = UINT64_MAX - 63;  // aligned, huge
   SetNode(3, n);
@@ -717,7 +922,7 @@ TEST(StridedCopyTest, IsContiguous) {
   const int64_t one_shape[3] = {2, 1, 4};
   const int64_t one_strides[3] = {16, 999, 4};
   EXPECT_TRUE(IsContiguous(one_shape, one_strides, 3, 4));
-  const int64_t empty_shape[2] = {0, 4};
+  const int64_t empty_shape[2] = {4, 0};
   const int64_t odd[2] = {7, 3};
   EXPECT_TRUE(IsContiguous(empty_shape, odd, 2, 4));
   EXPECT_TRUE(IsContiguous(nullptr, nullptr, 0, 4));

@@ -42,8 +42,12 @@ class Rng {
 };
 
 std::vector<uint8_t> Finish(WireEncoder& enc) {
-  std::vector<uint8_t> out(enc.Layout());
-  Status st = enc.Write(out.data(), out.size());
+  // Written with slack, then trimmed: a seed must not depend on Write() staying inside the batch
+  // (wire_test's StridedArrayWritesOnlyItsExtent checks that); the fuzzer tests the decoder.
+  const uint64_t total = enc.Layout();
+  std::vector<uint8_t> out(total * 16 + 4096);
+  Status st = enc.Write(out.data(), total);
+  out.resize(total);
   EXPECT_TRUE(st.ok()) << st.ToString();
   DecodedBatch b;
   st = DecodeBatch(out.data(), out.size(), &b);
@@ -51,7 +55,8 @@ std::vector<uint8_t> Finish(WireEncoder& enc) {
   return out;
 }
 
-// The seed corpus: every node kind, every dtype, zero-size and 0-d arrays, deep nesting.
+// The seed corpus: every node kind, every dtype, zero-size and 0-d arrays, deep nesting,
+// stacked non-contiguous sources, and strided (layout-keeping) arrays.
 std::vector<std::vector<uint8_t>> SeedBatches() {
   std::vector<std::vector<uint8_t>> seeds;
   {
@@ -114,6 +119,24 @@ std::vector<std::vector<uint8_t>> SeedBatches() {
     enc.AddFloat(-1.0);
     seeds.push_back(Finish(enc));
   }
+  {
+    // Strided arrays: channels-last, expanded and empty.
+    static const float block[24 * 16] = {};  // 16x the extent: see Finish()
+    static const int64_t shape[3] = {2, 3, 4};
+    static const int64_t strides[3] = {12, 1, 3};
+    static const int64_t wide[2] = {5, 4};
+    static const int64_t expand[2] = {0, 1};
+    static const int64_t empty[2] = {3, 0};
+    static const int64_t empty_strides[2] = {2, 9};
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(block);
+    WireEncoder enc;
+    enc.AddContainer(NodeKind::kList, 4);
+    EXPECT_TRUE(enc.AddStridedArray(DType::kFloat32, 0, shape, strides, 3, data, 96).ok());
+    EXPECT_TRUE(enc.AddStridedArray(DType::kInt16, 1, wide, expand, 2, data, 8).ok());
+    EXPECT_TRUE(enc.AddStridedArray(DType::kFloat64, 0, empty, empty_strides, 2, data, 0).ok());
+    enc.AddStr("after", 5);
+    seeds.push_back(Finish(enc));
+  }
   return seeds;
 }
 
@@ -135,13 +158,15 @@ uint64_t Interesting(Rng& rng, uint64_t size, uint64_t current) {
 }
 
 void WriteField(std::vector<uint8_t>& buf, uint64_t off, uint64_t value, int width) {
-  if (off + width > buf.size()) return;
+  if (off > buf.size() || static_cast<uint64_t>(width) > buf.size() - off) return;
   std::memcpy(buf.data() + off, &value, static_cast<size_t>(width));  // little endian
 }
 
 uint64_t ReadField(const std::vector<uint8_t>& buf, uint64_t off, int width) {
   uint64_t v = 0;
-  if (off + width <= buf.size()) std::memcpy(&v, buf.data() + off, static_cast<size_t>(width));
+  if (off <= buf.size() && static_cast<uint64_t>(width) <= buf.size() - off) {
+    std::memcpy(&v, buf.data() + off, static_cast<size_t>(width));
+  }
   return v;
 }
 
@@ -233,15 +258,42 @@ void Mutate(std::vector<uint8_t>& buf, Rng& rng) {
           uint64_t{n.shape_index} + n.ndim > b.dims.size()) {
         return ::testing::AssertionFailure() << "array node " << i << " malformed";
       }
-      uint64_t bytes = DTypeSize(n.dtype);
+      const uint64_t itemsize = DTypeSize(n.dtype);
+      uint64_t bytes = itemsize;
       for (int k = 0; k < n.ndim; ++k) {
         const int64_t d = b.shape(n)[k];
         if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
           return ::testing::AssertionFailure() << "array node " << i << " bad shape";
         }
       }
-      if (bytes != n.nbytes) {
-        return ::testing::AssertionFailure() << "array node " << i << " size mismatch";
+      if (!n.strided) {
+        if (bytes != n.nbytes) {
+          return ::testing::AssertionFailure() << "array node " << i << " size mismatch";
+        }
+      } else {
+        // Every element the strides reach must lie inside the node's bytes.
+        if (uint64_t{n.shape_index} + 2ull * n.ndim > b.dims.size()) {
+          return ::testing::AssertionFailure() << "strided node " << i << " lacks strides";
+        }
+        uint64_t last = 0;
+        for (int k = 0; k < n.ndim; ++k) {
+          const int64_t stride = b.strides(n)[k];
+          uint64_t step;
+          if (stride < 0 ||
+              (bytes != 0 &&
+               (__builtin_mul_overflow(static_cast<uint64_t>(b.shape(n)[k] - 1),
+                                       static_cast<uint64_t>(stride), &step) ||
+                __builtin_add_overflow(last, step, &last)))) {
+            return ::testing::AssertionFailure() << "strided node " << i << " bad strides";
+          }
+        }
+        uint64_t end;
+        if (bytes != 0 && (__builtin_add_overflow(last, 1, &end) ||
+                           __builtin_mul_overflow(end, itemsize, &end) || end > n.nbytes)) {
+          return ::testing::AssertionFailure()
+                 << "strided node " << i << " reaches element " << last << " of "
+                 << n.nbytes / itemsize;
+        }
       }
     }
   }
@@ -295,7 +347,7 @@ uint64_t FuzzSeed() {
 // Mutated batches never crash the decoder, and every accepted one is consistent and in bounds.
 TEST(WireFuzzTest, MutatedBatchesAreRejectedOrSafe) {
   const std::vector<std::vector<uint8_t>> seeds = SeedBatches();
-  ASSERT_EQ(seeds.size(), 4u);
+  ASSERT_EQ(seeds.size(), 5u);
   const double seconds = FuzzSeconds();
   const uint64_t seed = FuzzSeed();
   const auto deadline = std::chrono::steady_clock::now() +
