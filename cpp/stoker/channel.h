@@ -27,6 +27,14 @@ enum class MessageType : uint32_t {
   kEnd = 14,         // task: an iterable dataset is exhausted in this worker
   kResumed = 15,
   kHello = 16,       // the worker finished starting up; a = pid
+  kStatusPage = 17,  // the worker's WorkerStatusPage memfd is attached
+  kLogFile = 18,     // a = LogKind; a memfd the worker writes a log into is attached
+  kSkipped = 19,     // task; payload: pickled skip records; a = 1 when the whole task was dropped
+};
+
+enum class LogKind : uint64_t {
+  kCrash = 0,   // faulthandler's output: the Python stack at a fatal signal or on request
+  kStderr = 1,  // a copy of what the worker wrote to sys.stderr
 };
 
 struct MessageHeader {

@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -88,6 +89,9 @@ void Supervisor::RemoveWorker(int worker) {
     epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);
     close(w.pidfd);
   }
+  for (int fd : w.logs) {
+    if (fd >= 0) close(fd);
+  }
   workers_.erase(it);  // slot mappings die with their last holder
 }
 
@@ -144,6 +148,28 @@ Status Supervisor::Absorb(int id, Worker& w, Message& m, bool* consumed, Supervi
       w.slots.erase(static_cast<uint32_t>(m.header.a));
       *consumed = true;
       return Status::OK();
+    case MessageType::kStatusPage: {
+      *consumed = true;
+      if (m.fd < 0) return Status::OK();
+      std::unique_ptr<Segment> seg;
+      Status st = Segment::Map(m.fd, &seg);
+      close(m.fd);
+      m.fd = -1;
+      if (st.ok() && seg->size() >= sizeof(WorkerStatusPage)) w.status = std::move(seg);
+      return Status::OK();
+    }
+    case MessageType::kLogFile: {
+      *consumed = true;
+      const uint64_t kind = m.header.a;
+      if (m.fd >= 0 && kind < 2) {
+        if (w.logs[kind] >= 0) close(w.logs[kind]);
+        w.logs[kind] = m.fd;
+      } else if (m.fd >= 0) {
+        close(m.fd);
+      }
+      m.fd = -1;
+      return Status::OK();
+    }
     case MessageType::kBatch: {
       auto it = w.slots.find(static_cast<uint32_t>(m.header.a));
       if (it == w.slots.end()) {
@@ -254,8 +280,52 @@ std::vector<int> Supervisor::OwnedFds() const {
   for (const auto& kv : workers_) {
     if (kv.second.sock >= 0) fds.push_back(kv.second.sock);
     if (kv.second.pidfd >= 0) fds.push_back(kv.second.pidfd);
+    for (int fd : kv.second.logs) {
+      if (fd >= 0) fds.push_back(fd);
+    }
   }
   return fds;
+}
+
+bool Supervisor::ReadStatus(int worker, WorkerStatusPage* out) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || !it->second.status) return false;
+  *out = ReadWorkerStatus(reinterpret_cast<const WorkerStatusPage*>(it->second.status->data()));
+  return out->magic == kStatusMagic;
+}
+
+std::string Supervisor::ReadLog(int worker, LogKind kind, size_t max_bytes) const {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) return "";
+  const int fd = it->second.logs[static_cast<int>(kind)];
+  if (fd < 0) return "";
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size <= 0) return "";
+  const size_t size = static_cast<size_t>(st.st_size);
+  const size_t start = size > max_bytes ? size - max_bytes : 0;
+  std::string out(size - start, '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t r = pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(start + done));
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR) continue;
+      break;
+    }
+    done += static_cast<size_t>(r);
+  }
+  out.resize(done);
+  return out;
+}
+
+Status Supervisor::Signal(int worker, int signum) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end() || it->second.pidfd < 0) {
+    return Status::Error(Code::kInvalidArgument, "no such worker");
+  }
+  if (syscall(SYS_pidfd_send_signal, it->second.pidfd, signum, nullptr, 0) != 0) {
+    return Status::FromErrno("pidfd_send_signal", errno);
+  }
+  return Status::OK();
 }
 
 size_t Supervisor::mapped_slot_count() const {

@@ -13,11 +13,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "stoker/channel.h"
 #include "stoker/segment.h"
 #include "stoker/status.h"
+#include "stoker/worker_status.h"
 
 namespace stoker {
 
@@ -55,6 +57,13 @@ class Supervisor {
   // Reads a worker's exit status without reaping it (the caller's process library reaps).
   static Status PeekExit(int pidfd, pid_t pid, WorkerExit* out, bool* exited);
 
+  // What the worker's status page says now; false when it has sent none.
+  bool ReadStatus(int worker, WorkerStatusPage* out) const;
+  // The last `max_bytes` of a log the worker shares (see LogKind); empty when none.
+  std::string ReadLog(int worker, LogKind kind, size_t max_bytes) const;
+  // Sends a signal through the worker's pidfd (never to a recycled pid).
+  Status Signal(int worker, int signum);
+
   // Every descriptor this supervisor owns: a forked child closes them.
   std::vector<int> OwnedFds() const;
   int worker_count() const { return static_cast<int>(workers_.size()); }
@@ -69,6 +78,8 @@ class Supervisor {
     bool channel_closed = false;
     bool death_reported = false;
     std::map<uint32_t, std::shared_ptr<Segment>> slots;
+    std::shared_ptr<Segment> status;  // the worker's status page
+    int logs[2] = {-1, -1};           // LogKind -> memfd
   };
   explicit Supervisor(int epfd) : epfd_(epfd) {}
   // Handles one message internally when it is a slot announcement; true if consumed.

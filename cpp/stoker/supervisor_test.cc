@@ -27,6 +27,7 @@
 #include "stoker/wire_decoder.h"
 #include "stoker/wire_encoder.h"
 #include "stoker/worker_guard.h"
+#include "stoker/worker_status.h"
 
 namespace stoker {
 namespace {
@@ -334,6 +335,7 @@ TEST_F(SupervisorTest, SegfaultIsReportedWithItsSignal) {
     prctl(PR_SET_DUMPABLE, 0);  // no core file
     struct rlimit no_core = {0, 0};
     setrlimit(RLIMIT_CORE, &no_core);
+    signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would otherwise turn it into an exit
     raise(SIGSEGV);
     return 0;
   });
@@ -476,7 +478,9 @@ TEST_F(SupervisorTest, WaitHonorsTimeoutAfterDeathWasReported) {
     waitpid(helper, &status, 0);
   }
   EXPECT_EQ(done, helper) << "Supervisor::Wait(100) still had not returned after 3 s";
-  if (done == helper) EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  if (done == helper) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
   Reap(pid);
 }
 
@@ -610,6 +614,82 @@ TEST_F(SupervisorTest, UnsealedSlotAnnouncementIsRefused) {
   EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
   EXPECT_EQ(sup_->mapped_slot_count(), 0u);
   kill(pid, SIGKILL);
+  Reap(pid);
+}
+
+// Signal() reaches the worker through its pidfd; an unknown worker is refused.
+TEST_F(SupervisorTest, SignalReachesWorkerThroughPidfd) {
+  const pid_t pid = AddWorker(14, [](int sock) {
+    AwaitMessage(sock, MessageType::kStop);
+    return 0;
+  });
+  EXPECT_EQ(sup_->Signal(99, SIGTERM).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(sup_->Signal(14, SIGTERM).ok());
+  SupervisorEvent ev = Next(1000);
+  ASSERT_EQ(ev.kind, Kind::kDied);
+  EXPECT_EQ(ev.exit.signal, SIGTERM);
+  Reap(pid);
+}
+
+// A worker's status page and log memfds are absorbed (not returned as events) and read live:
+// later writes by the worker show up in ReadStatus/ReadLog; ReadLog returns the tail.
+TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
+  const pid_t pid = AddWorker(15, [](int sock) {
+    std::unique_ptr<Segment> page_seg;
+    int page_fd = -1;
+    if (!Segment::Create("status", sizeof(WorkerStatusPage), &page_seg, &page_fd).ok()) return 10;
+    auto* page = reinterpret_cast<WorkerStatusPage*>(page_seg->data());
+    WorkerStatusWriter::Initialize(page, static_cast<uint64_t>(getpid()));
+    WorkerStatusWriter writer(page);
+    writer.Enter(WorkerState::kFetching, 5, 42);
+    const int log_fd = memfd_create("log", MFD_CLOEXEC);
+    if (log_fd < 0 || write(log_fd, "line1\nline2\n", 12) != 12) return 11;
+    const int junk_fd = memfd_create("junk", MFD_CLOEXEC);
+    if (!SendMessage(sock, Header(MessageType::kStatusPage), nullptr, 0, page_fd).ok() ||
+        !SendMessage(sock, Header(MessageType::kLogFile, 0,
+                                  static_cast<uint64_t>(LogKind::kStderr)),
+                     nullptr, 0, log_fd)
+             .ok() ||
+        !SendMessage(sock, Header(MessageType::kLogFile, 0, 7), nullptr, 0, junk_fd).ok() ||
+        !SendMessage(sock, Header(MessageType::kHello), nullptr, 0).ok()) {
+      return 12;
+    }
+    AwaitMessage(sock, MessageType::kTask);
+    writer.Enter(WorkerState::kEncoding, 6, kNoIndex);
+    writer.AddBatch(1000);
+    if (write(log_fd, "line3\n", 6) != 6) return 13;
+    if (!SendMessage(sock, Header(MessageType::kHello), nullptr, 0).ok()) return 14;
+    AwaitMessage(sock, MessageType::kStop);
+    return 0;
+  });
+  WorkerStatusPage st;
+  EXPECT_FALSE(sup_->ReadStatus(15, &st));  // nothing announced yet
+  SupervisorEvent ev = Next();
+  ASSERT_EQ(ev.kind, Kind::kMessage);
+  ASSERT_EQ(ev.message.type(), MessageType::kHello);  // the three announcements were absorbed
+  ASSERT_TRUE(sup_->ReadStatus(15, &st));
+  EXPECT_EQ(st.pid, static_cast<uint64_t>(pid));
+  EXPECT_EQ(st.state, static_cast<uint64_t>(WorkerState::kFetching));
+  EXPECT_EQ(st.task, 5u);
+  EXPECT_EQ(st.index, 42);
+  EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 1000), "line1\nline2\n");
+  EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 6), "line2\n");
+  EXPECT_EQ(sup_->ReadLog(15, LogKind::kCrash, 1000), "");
+  EXPECT_EQ(sup_->ReadLog(99, LogKind::kStderr, 1000), "");
+  EXPECT_EQ(sup_->OwnedFds().size(), 4u);  // epoll, socket, pidfd, one log; the junk fd closed
+
+  ASSERT_TRUE(sup_->Send(15, Header(MessageType::kTask), nullptr, 0).ok());
+  ev = Next();
+  ASSERT_EQ(ev.message.type(), MessageType::kHello);
+  ASSERT_TRUE(sup_->ReadStatus(15, &st));
+  EXPECT_EQ(st.state, static_cast<uint64_t>(WorkerState::kEncoding));
+  EXPECT_EQ(st.index, kNoIndex);
+  EXPECT_EQ(st.batches, 1u);
+  EXPECT_EQ(st.bytes_sent, 1000u);
+  EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 12), "line2\nline3\n");
+
+  ASSERT_TRUE(sup_->Send(15, Header(MessageType::kStop), nullptr, 0).ok());
+  EXPECT_EQ(Next().kind, Kind::kDied);
   Reap(pid);
 }
 

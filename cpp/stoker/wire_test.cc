@@ -608,8 +608,8 @@ TEST_F(StridedRejectTest, ByteCountNotAMultipleOfItemsize) {
 }
 
 TEST_F(StridedRejectTest, StridesOverflow) {
-  SetDim(0, 4);
-  SetDim(2, int64_t{1} << 62);
+  SetDim(0, 5);
+  SetDim(2, int64_t{1} << 62);  // (5 - 1) * 2^62 = 2^64
   ExpectCorrupt("strides overflow");
 }
 

@@ -55,3 +55,24 @@ def _rebuild_crashed(message, state):
     exc = WorkerCrashed(message)
     exc.__dict__.update(state)
     return exc
+
+
+class WorkerHung(WorkerError):
+    """A worker made no progress in time. ``worker_id``, ``pid``, ``index`` (the dataset index
+    it was loading, when known) and ``stack`` (its Python stack, from the worker itself)."""
+
+    def __init__(self, message, *, worker_id=None, pid=None, index=None, stack=""):
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.index = index
+        self.stack = stack
+
+    def __reduce__(self):
+        return (_rebuild_hung, (self.args[0], self.__dict__))
+
+
+def _rebuild_hung(message, state):
+    exc = WorkerHung(message)
+    exc.__dict__.update(state)
+    return exc

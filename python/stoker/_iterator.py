@@ -3,15 +3,19 @@
 Task scheduling mirrors torch's ``_MultiProcessingDataLoaderIter`` exactly (the same tasks go to
 the same workers in the same order, so random augmentation drawn in workers matches torch batch
 for batch). What differs: tasks and results travel on one SOCK_SEQPACKET channel per worker,
-batches arrive as zero-copy views of shared-memory slots, and a death is seen through a pidfd
-in the same wait as the data, named, and reported with the indices it was loading.
+batches arrive as zero-copy views of shared-memory slots, and a worker's death is seen through a
+pidfd in the same wait as the data, named, and, with the user's leave, survived: the worker is
+restarted and exactly the tasks it had in flight are re-issued.
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
+import signal
+import time
 import warnings
 
 import torch
@@ -19,8 +23,9 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import _deaths, _fdpass, _protocol, _stoker, _worker
-from ._errors import EngineError, WorkerCrashed
+from . import _cgroup, _deaths, _fdpass, _protocol, _stoker, _worker
+from ._errors import EngineError, WorkerCrashed, WorkerHung
+from ._fetch import SkippedSample
 from ._protocol import (
     MODE_AS_IS,
     MODE_COLLATE,
@@ -30,11 +35,16 @@ from ._protocol import (
     MSG_ERROR,
     MSG_RESUME,
     MSG_RESUMED,
+    MSG_SKIPPED,
     MSG_TASK,
 )
 
+log = logging.getLogger("stoker")
+
 # How long shutdown waits for workers to leave by themselves before SIGKILL.
 _EXIT_GRACE_S = 1.0
+# How often worker status pages are checked for hangs (at most).
+_HANG_CHECK_S = 0.1
 
 
 class _End:
@@ -42,6 +52,10 @@ class _End:
 
     def __init__(self, worker_id):
         self.worker_id = worker_id
+
+
+class _Dropped:
+    """Every sample of this task was skipped: no batch."""
 
 
 class _Failure:
@@ -106,11 +120,31 @@ def _cuda_initialized() -> bool:
         return False
 
 
+def _unpicklable_part(dataset) -> str | None:
+    """Names the attribute of `dataset` that cannot be pickled (for spawn/forkserver)."""
+    import pickle
+
+    try:
+        pickle.dumps(dataset)
+        return None
+    except Exception as e:
+        top_error = e
+    attrs = getattr(dataset, "__dict__", {})
+    for name, value in attrs.items():
+        try:
+            pickle.dumps(value)
+        except Exception as e:
+            inner = _unpicklable_part(value) if hasattr(value, "__dict__") else None
+            path = f"dataset.{name}"
+            if inner:
+                return inner.replace("dataset", path, 1)
+            return f"{path} (a {type(value).__name__}: {e})"
+    return f"the dataset itself (a {type(dataset).__name__}: {top_error})"
+
+
 class MultiProcessIter(_BaseDataLoaderIter):
     def __init__(self, loader) -> None:
         super().__init__(loader)
-        if self._num_workers <= 0:
-            raise AssertionError("num_workers must be greater than 0 for MultiProcessingDataLoaderIter")
         if loader.prefetch_factor <= 0:
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -119,15 +153,19 @@ class MultiProcessIter(_BaseDataLoaderIter):
         self._in_order = loader.in_order
         self._worker_init_fn = loader.worker_init_fn
         self._collate_mode = _collate_mode(loader)
-        self._kind = (
-            _worker.ITERABLE if isinstance(self._dataset, IterableDataset) else _worker.MAP
-        )
+        self._kind = _worker.ITERABLE if isinstance(self._dataset, IterableDataset) else _worker.MAP
+        self._state = loader._stoker_state
+        self._opts = loader._stoker_options
         self._ctx = _context(loader)
         self._shutdown = False
         self._sup = _stoker.Supervisor()
         _fdpass.register_supervisor(self._sup)
         self._procs: list = [None] * self._num_workers
         self._leaving: set[int] = set()  # workers told to exit: their exit is no error
+        self._hung: dict[int, tuple] = {}  # worker -> (index, seconds, stack) when we killed it
+        self._last_hang_check = 0.0
+        self._task_index: dict[int, object] = {}  # task -> what the sampler yielded, to re-issue
+        self._oom_before = _cgroup.oom_kills()
         self._start_workers()
         self._reset(loader, first_iter=True)
 
@@ -146,6 +184,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
     def _start_worker(self, worker_id: int) -> None:
         main_end, child_end = _stoker.channel_pair()
         _fdpass._pending.update((main_end, child_end))
+        method = self._ctx.get_start_method()
         try:
             proc = self._ctx.Process(
                 target=_worker.worker_main,
@@ -163,11 +202,25 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     self._worker_init_fn,
                     # The worker checks that its parent is still there; under forkserver its
                     # parent is the fork server, not this process (the channel covers us).
-                    os.getpid() if self._ctx.get_start_method() != "forkserver" else 0,
+                    os.getpid() if method != "forkserver" else 0,
+                    self._opts["on_error"],
+                    self._opts["max_retries"],
                 ),
                 daemon=True,
             )
-            proc.start()
+            try:
+                proc.start()
+            except Exception as e:
+                if method != "fork":
+                    culprit = _unpicklable_part(self._dataset)
+                    if culprit:
+                        raise type(e)(
+                            f"{e}\nstoker: starting a worker with '{method}' pickles the "
+                            f"dataset, and {culprit} cannot be pickled. Create it lazily in the "
+                            "worker (in worker_init_fn or on first use in __getitem__), or use "
+                            "multiprocessing_context='fork'."
+                        ) from e
+                raise
         except BaseException:
             _fdpass._pending.difference_update((main_end, child_end))
             os.close(main_end)
@@ -186,9 +239,12 @@ class MultiProcessIter(_BaseDataLoaderIter):
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader, first_iter=False) -> None:
         super()._reset(loader, first_iter)
+        self._state.epoch += 1
+        self._restarts = 0
         self._send_idx = 0
         self._rcvd_idx = 0
         self._task_info: dict = {}
+        self._task_index = {}
         self._tasks_outstanding = 0
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
@@ -223,67 +279,268 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     break
         else:
             return
-        fmt, payload = _protocol.encode_index(index)
-        try:
-            self._sup.send(worker_id, MSG_TASK, self._send_idx, fmt, payload)
-        except EngineError:
-            pass  # the worker is gone: its death, with this task, is reported by the next wait
-        self._task_info[self._send_idx] = (worker_id,)
+        task = self._send_idx
+        self._task_info[task] = (worker_id,)
         self._workers_num_tasks[worker_id] += 1
         self._tasks_outstanding += 1
         self._send_idx += 1
+        index = self._without_quarantined(task, index)
+        self._task_index[task] = index
+        if index is _Dropped:
+            self._arrived(task, _Dropped())
+            return
+        self._send_task(worker_id, task, index)
 
-    # -- results -------------------------------------------------------------------------------
+    def _send_task(self, worker_id, task, index) -> None:
+        fmt, payload = _protocol.encode_index(index)
+        try:
+            self._sup.send(worker_id, MSG_TASK, task, fmt, payload)
+        except EngineError:
+            pass  # the worker is gone: its death, with this task, is reported by the next wait
+
+    def _without_quarantined(self, task, index):
+        bad = self._state.quarantined
+        if not bad or self._kind != _worker.MAP:
+            return index
+        if isinstance(index, list):
+            kept = [i for i in index if not _hashable_in(i, bad)]
+            if len(kept) == len(index):
+                return index
+            return kept if kept else _Dropped
+        return _Dropped if _hashable_in(index, bad) else index
+
+    # -- waiting -------------------------------------------------------------------------------
     def _wait(self):
+        """The next message; deaths are handled (restart or raise) on the way."""
         timeout = self._timeout if self._timeout > 0 else None
+        hang = self._opts["hang_timeout"]
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            ev = self._sup.wait(timeout)
+            slice_s = None
+            if deadline is not None:
+                slice_s = max(0.0, deadline - time.monotonic())
+            if hang is not None:
+                slice_s = _HANG_CHECK_S if slice_s is None else min(slice_s, _HANG_CHECK_S)
+            ev = self._sup.wait(slice_s)
+            if hang is not None:
+                self._check_hangs(hang)
             if ev is None:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._raise_timeout()
+                continue
             if ev[0] == "died":
                 self._on_death(ev)
                 continue
             return ev
 
+    def _check_hangs(self, hang_timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._last_hang_check < _HANG_CHECK_S:
+            return
+        self._last_hang_check = now
+        for w in range(self._num_workers):
+            if w in self._hung or not self._sup.has_worker(w):
+                continue
+            st = self._sup.status(w)
+            if not st or st["state"] not in ("loading", "collating"):
+                continue
+            if st["state_seconds"] > hang_timeout:
+                stack = self._capture_stack(w)
+                self._hung[w] = (st["index"], st["state_seconds"], stack)
+                try:
+                    self._sup.signal(w, signal.SIGKILL)
+                except EngineError:
+                    pass
+
+    def _capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it."""
+        before = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
+        try:
+            self._sup.signal(worker_id, _worker.DUMP_SIGNAL)
+        except EngineError:
+            return ""
+        end = time.monotonic() + wait_s
+        text = before
+        while time.monotonic() < end:
+            time.sleep(0.02)
+            text = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
+            if len(text) > len(before) and text.endswith("\n"):
+                time.sleep(0.02)
+                text = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
+                break
+        return text[len(before):].strip() if text.startswith(before) else text.strip()
+
+    def _raise_timeout(self):
+        info = self._task_info.get(self._rcvd_idx)
+        msg = f"DataLoader timed out after {self._timeout} seconds"
+        if not info or len(info) != 1 or not self._sup.has_worker(info[0]):
+            raise WorkerHung(msg, worker_id=None, pid=None, index=None, stack="")
+        w = info[0]
+        st = self._sup.status(w) or {}
+        stack = self._capture_stack(w)
+        pid = self._procs[w].pid if self._procs[w] is not None else None
+        index = st.get("index")
+        doing = st.get("state", "working")
+        msg += (
+            f": waiting for batch {self._rcvd_idx} from worker {w} (pid {pid}), which has been "
+            f"{doing} for {st.get('state_seconds', 0):.1f} s"
+            + (f" on dataset index {index!r}" if index is not None else "")
+            + "."
+        )
+        if stack:
+            msg += f"\nIts Python stack now:\n{stack}"
+        msg += (
+            "\nWhat to do: find what that sample waits on (I/O, a lock, a subprocess); raise "
+            "timeout if it is legitimately slow, or set hang_timeout to restart such workers."
+        )
+        raise WorkerHung(msg, worker_id=w, pid=pid, index=index, stack=stack)
+
+    # -- deaths --------------------------------------------------------------------------------
     def _on_death(self, ev) -> None:
         _, worker_id, exit_code, signum, core = ev
         proc = self._procs[worker_id]
-        self._sup.remove_worker(worker_id)
         if worker_id in self._leaving:
             self._leaving.discard(worker_id)
+            self._sup.remove_worker(worker_id)
             if proc is not None:
                 proc.join(timeout=_EXIT_GRACE_S)
             return
+        status = self._sup.status(worker_id) or {}
+        crash_log = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 16)
+        stderr_tail = self._sup.read_log(worker_id, _protocol.LOG_STDERR, 8192)
+        self._sup.remove_worker(worker_id)
         if proc is not None:
             proc.join(timeout=_EXIT_GRACE_S)
-        indices = [
-            i for i, info in self._task_info.items() if len(info) == 1 and info[0] == worker_id
-        ]
-        pid = proc.pid if proc is not None else None
-        how = _deaths.describe_exit(exit_code, signum, core)
-        self._shutdown_workers()
-        raise WorkerCrashed(
-            f"DataLoader worker {worker_id} (pid {pid}) {how} while it had "
-            f"{len(indices)} batch(es) in flight.",
-            worker_id=worker_id,
-            pid=pid,
-            signal=_deaths.signal_name(signum) if signum else None,
-            exit_code=None if signum else exit_code,
-            cause=how,
-            indices=indices,
+        pid = proc.pid if proc is not None else status.get("pid")
+        hung = self._hung.pop(worker_id, None)
+        busy = status.get("state") in ("loading", "collating", "encoding")
+        index = hung[0] if hung else (status.get("index") if busy else None)
+        oom_now = _cgroup.oom_kills()
+        oom = signum == signal.SIGKILL and hung is None and any(
+            b is not None and a is not None and a > b for a, b in zip(oom_now, self._oom_before)
         )
+        self._oom_before = oom_now
+        cause, explanation = _deaths.describe(
+            signum, exit_code, core, oom=oom, rss=status.get("rss_bytes"), index=index,
+            crash_log=crash_log, stderr_tail=stderr_tail,
+            hung=(hung[1], hung[2]) if hung else None,
+        )
+        tasks = sorted(t for t, info in self._task_info.items()
+                       if len(info) == 1 and info[0] == worker_id)
+        death = _deaths.Death(worker_id, pid, _deaths.signal_name(signum) if signum else None,
+                              None if signum else exit_code, cause, index, self._state.epoch, tasks)
+        self._state.deaths.append(death)
+
+        def crashed(message):
+            self._shutdown_workers()
+            return WorkerCrashed(
+                message, worker_id=worker_id, pid=pid, signal=death.signal,
+                exit_code=death.exit_code, cause=cause, indices=self._indices_of(tasks, index),
+            )
+
+        head = f"DataLoader worker {worker_id} (pid {pid}) {explanation}"
+        # Quarantine: a sample in flight during `quarantine_after` deaths is poison.
+        if index is not None and (busy or hung):
+            key = _key(index)
+            count = self._state.death_counts.get(key, 0) + 1
+            self._state.death_counts[key] = count
+            if count >= self._opts["quarantine_after"]:
+                if self._opts["on_error"] != "skip":
+                    raise crashed(
+                        f"{head}\nDataset index {index!r} was being loaded during {count} worker "
+                        "deaths: it is quarantined as poison. Pass on_error='skip' to skip it and "
+                        "go on, or fix the sample."
+                    )
+                self._quarantine(index, f"quarantined after {count} worker deaths ({cause})")
+        if self._opts["on_worker_death"] == "raise":
+            raise crashed(head)
+        if self._kind != _worker.MAP:
+            raise crashed(
+                f"{head}\nstoker cannot restart a worker of an IterableDataset without repeating or "
+                "losing samples (its position in the stream died with it)."
+            )
+        budget = self._opts["max_restarts"]
+        if budget is None:
+            budget = 3 * self._num_workers
+        if self._restarts >= budget:
+            history = "\n".join(f"  - {d}" for d in self._state.deaths if d.epoch == self._state.epoch)
+            raise crashed(
+                f"{head}\nThat is {self._restarts + 1} worker deaths this epoch, over the budget "
+                f"of max_restarts={budget}. Deaths this epoch:\n{history}"
+            )
+        self._restarts += 1
+        self._restart(worker_id, tasks)
+        log.warning(
+            "stoker: DataLoader worker %d (pid %s) %s%s; restarted it (%d of %d restarts this "
+            "epoch) and re-issued %d batch(es).", worker_id, pid, cause,
+            f" while loading dataset index {index!r}" if index is not None else "",
+            self._restarts, budget, len(tasks),
+        )
+
+    def _restart(self, worker_id: int, tasks: list) -> None:
+        self._start_worker(worker_id)
+        for task in tasks:  # in their original order: results keep their places
+            index = self._without_quarantined(task, self._task_index[task])
+            self._task_index[task] = index
+            if index is _Dropped:
+                self._arrived(task, _Dropped())
+            else:
+                self._send_task(worker_id, task, index)
+
+    def _quarantine(self, index, reason: str) -> None:
+        key = _key(index)
+        if key in self._state.quarantined:
+            return
+        self._state.quarantined.add(key)
+        self._record_skip(index, reason)
+
+    def _record_skip(self, index, reason: str) -> None:
+        rec = SkippedSample(index, reason, self._state.epoch)
+        self._state.skipped.append(rec)
+        log.warning("stoker: skipped dataset index %r: %s", index, reason)
+
+    def _indices_of(self, tasks, index):
+        if index is not None:
+            return [index]
+        out = []
+        for t in tasks:
+            ix = self._task_index.get(t)
+            if isinstance(ix, list):
+                out.extend(ix)
+            elif ix is not None and ix is not _Dropped:
+                out.append(ix)
+        return out
+
+    # -- results -------------------------------------------------------------------------------
+    def _arrived(self, task, data) -> None:
+        """A result came for `task` outside the normal receive path (dropped by quarantine)."""
+        info = self._task_info.get(task)
+        if info is not None and len(info) == 1:
+            self._task_info[task] = info + (data,)
+            self._tasks_outstanding -= 1
+            self._task_index.pop(task, None)
 
     def _get_data(self):
         while True:
             ev = self._wait()
             _, worker_id, mtype, task, a, b, c, payload, pending = ev
+            if mtype == MSG_SKIPPED:
+                for index, reason in _protocol.decode_error(payload):
+                    self._record_skip(index, reason)
+                if a == 1 and task in self._task_info and len(self._task_info[task]) == 1:
+                    return task, _Dropped()
+                continue
+            if task not in self._task_info or len(self._task_info[task]) != 1:
+                if pending is not None:
+                    pending.discard()  # a late duplicate (a re-issued task's first attempt)
+                continue
             if mtype == MSG_BATCH:
                 return task, pending
             if mtype == MSG_ERROR:
                 return task, _Failure(_protocol.decode_error(payload))
             if mtype == MSG_END:
                 return task, _End(worker_id)
-            # anything else (late RESUMED) is not a result
+            # anything else (a late RESUMED) is not a result
 
     def _next_data(self):
         while True:
@@ -303,11 +560,15 @@ class MultiProcessIter(_BaseDataLoaderIter):
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker_id, data = self._task_info.pop(self._rcvd_idx)
                 self._rcvd_idx += 1
-                return self._process_data(data, worker_id)
+                out = self._process_data(data, worker_id)
+                if out is _Dropped:
+                    continue
+                return out
 
             assert not self._shutdown and self._tasks_outstanding > 0
             idx, data = self._get_data()
             self._tasks_outstanding -= 1
+            self._task_index.pop(idx, None)
             if isinstance(data, _End):
                 if self._persistent_workers:
                     self._workers_status[data.worker_id] = False
@@ -318,16 +579,24 @@ class MultiProcessIter(_BaseDataLoaderIter):
             if idx != self._rcvd_idx:
                 if not self._in_order:
                     worker_id = self._task_info.pop(idx)[0]
-                    return self._process_data(data, worker_id)
+                    out = self._process_data(data, worker_id)
+                    if out is _Dropped:
+                        continue
+                    return out
                 self._task_info[idx] += (data,)
             else:
                 worker_id = self._task_info.pop(idx)[0]
                 self._rcvd_idx += 1
-                return self._process_data(data, worker_id)
+                out = self._process_data(data, worker_id)
+                if out is _Dropped:
+                    continue
+                return out
 
     def _process_data(self, data, worker_id):
         self._workers_num_tasks[worker_id] -= 1
         self._try_put_index()
+        if isinstance(data, _Dropped):
+            return _Dropped
         if isinstance(data, _Failure):
             data.reraise()
         batch = data.decode()
@@ -352,9 +621,10 @@ class MultiProcessIter(_BaseDataLoaderIter):
                 info[1].discard()
         for w in range(self._num_workers):
             self._sup.remove_worker(w)  # closing the channel ends the worker
+        deadline = time.monotonic() + _EXIT_GRACE_S
         for proc in self._procs:
             if proc is not None:
-                proc.join(timeout=_EXIT_GRACE_S)
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
@@ -365,3 +635,15 @@ class MultiProcessIter(_BaseDataLoaderIter):
             self._shutdown_workers()
         except Exception:
             pass
+
+
+def _key(index):
+    try:
+        hash(index)
+        return index
+    except TypeError:
+        return repr(index)
+
+
+def _hashable_in(index, bad: set) -> bool:
+    return _key(index) in bad

@@ -2,27 +2,147 @@
 
 It *is* a ``torch.utils.data.DataLoader`` (a subclass), so argument checking, samplers, ``len()``,
 ``persistent_workers`` and every ``isinstance`` check in user code behave exactly as torch's.
-``num_workers=0`` loads in the main process exactly as torch does. With workers, batches come
-from stoker's multi-process iterator.
+``num_workers=0`` loads in the main process as torch does. With workers, batches come from
+stoker's supervised multi-process iterator.
 """
 
 from __future__ import annotations
 
-import torch.utils.data
+from dataclasses import dataclass, field
 
+import torch.utils.data
+from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
+
+_DEATH_POLICIES = ("restart", "raise")
+_ERROR_POLICIES = ("raise", "skip", "retry")
+
+
+@dataclass
+class _LoaderState:
+    """What a loader remembers across iterators and epochs."""
+
+    epoch: int = 0
+    skipped: list = field(default_factory=list)      # SkippedSample records
+    deaths: list = field(default_factory=list)       # _deaths.Death records
+    death_counts: dict = field(default_factory=dict)  # dataset index -> deaths while loading it
+    quarantined: set = field(default_factory=set)
 
 
 class DataLoader(torch.utils.data.DataLoader):
-    __doc__ = (
-        "A drop-in replacement for torch.utils.data.DataLoader: same arguments, same batches.\n\n"
-        "Workers write batches into reusable shared-memory slots (no /dev/shm files, a handful "
-        "of descriptors), batches arrive as zero-copy tensor views, and a worker that dies is "
-        "named with its signal or exit code.\n\n" + (torch.utils.data.DataLoader.__doc__ or "")
-    )
+    def __init__(
+        self,
+        dataset,
+        batch_size=1,
+        shuffle=None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers=0,
+        collate_fn=None,
+        pin_memory=False,
+        drop_last=False,
+        timeout=0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor=None,
+        persistent_workers=False,
+        pin_memory_device="",
+        in_order=True,
+        on_worker_death="restart",
+        max_restarts=None,
+        on_error="raise",
+        max_retries=3,
+        quarantine_after=2,
+        hang_timeout=None,
+    ):
+        if on_worker_death not in _DEATH_POLICIES:
+            raise ValueError(
+                f"on_worker_death must be one of {_DEATH_POLICIES}, got {on_worker_death!r}"
+            )
+        if on_error not in _ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {_ERROR_POLICIES}, got {on_error!r}")
+        if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
+            raise ValueError(f"max_restarts must be None or an int >= 0, got {max_restarts!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if not isinstance(quarantine_after, int) or quarantine_after < 1:
+            raise ValueError(f"quarantine_after must be an int >= 1, got {quarantine_after!r}")
+        if hang_timeout is not None and not hang_timeout > 0:
+            raise ValueError(f"hang_timeout must be None or > 0 seconds, got {hang_timeout!r}")
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )
+        self._stoker_options = {
+            "on_worker_death": on_worker_death,
+            "max_restarts": max_restarts,
+            "on_error": on_error,
+            "max_retries": max_retries,
+            "quarantine_after": quarantine_after,
+            "hang_timeout": hang_timeout,
+        }
+        self._stoker_state = _LoaderState()
+
+    @property
+    def skipped(self) -> list[SkippedSample]:
+        """Samples dropped by ``on_error="skip"`` or quarantine: ``.index``, ``.reason``,
+        ``.epoch``."""
+        return self._stoker_state.skipped
+
+    @property
+    def deaths(self) -> list:
+        """Every worker death so far: worker id, pid, signal or exit code, cause, index."""
+        return self._stoker_state.deaths
 
     def _get_iterator(self):
         if self.num_workers == 0:
-            return super()._get_iterator()
+            if self._stoker_options["on_error"] == "raise":
+                return super()._get_iterator()
+            return _SingleProcessIter(self)
         self.check_worker_number_rationality()
         return MultiProcessIter(self)
+
+
+class _PolicyFetcher:
+    """torch's in-process fetcher, with the error policy applied sample by sample."""
+
+    def __init__(self, loader, iterator):
+        kind = ITERABLE if isinstance(loader.dataset, torch.utils.data.IterableDataset) else MAP
+        opts = loader._stoker_options
+        self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
+                               opts["on_error"], opts["max_retries"])
+        self.collate_fn = loader.collate_fn
+        self.state = loader._stoker_state
+
+    def fetch(self, index):
+        from ._iterator import log
+
+        try:
+            data = self.fetcher.fetch(index)
+        finally:
+            for i, reason in self.fetcher.skipped:
+                self.state.skipped.append(SkippedSample(i, reason, self.state.epoch))
+                log.warning("stoker: skipped dataset index %r: %s", i, reason)
+        return self.collate_fn(data)
+
+
+class _SingleProcessIter(_SingleProcessDataLoaderIter):
+    """num_workers=0 with on_error="skip" or "retry"."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        loader._stoker_state.epoch += 1
+        self._dataset_fetcher = _PolicyFetcher(loader, self)
+
+    def _next_data(self):
+        while True:
+            try:
+                return super()._next_data()
+            except Dropped:
+                continue

@@ -1,18 +1,23 @@
 """The worker process: receive a task, load the samples, encode the batch into a slot.
 
 Runs the user's dataset exactly as torch's worker loop does (same seeding, worker info, fetch
-and collate semantics); what differs is the transport: batches are written by the C++ encoder
-into reusable shared-memory slots instead of being pickled through a queue.
+and collate semantics); what differs is the transport (batches are written by the C++ encoder
+into reusable shared-memory slots instead of being pickled through a queue) and what the worker
+tells the main process: a status page naming the sample it is on, faulthandler's stack on a
+fatal signal or on request, and a copy of its stderr.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import pickle
 import random
 import signal
 import sys
 
 from . import _collate, _fdpass, _protocol, _stoker
+from ._fetch import ITERABLE, MAP, Dropped, Fetcher  # noqa: F401  (MAP re-exported)
 from ._protocol import (
     MODE_AS_IS,
     MODE_COLLATE,
@@ -21,11 +26,15 @@ from ._protocol import (
     MSG_ERROR,
     MSG_RESUME,
     MSG_RESUMED,
+    MSG_SKIPPED,
     MSG_STOP,
     MSG_TASK,
 )
 
-MAP, ITERABLE = 0, 1
+# faulthandler dumps every thread's stack on this signal: the main process asks for it when a
+# worker hangs. A real-time signal, so it does not collide with SIGUSR1/2 users of the dataset.
+DUMP_SIGNAL = signal.SIGRTMIN + 2
+_STDERR_KEEP = 256 * 1024
 
 
 def _seed(base_seed: int, worker_id: int) -> int:
@@ -49,54 +58,44 @@ def _seed(base_seed: int, worker_id: int) -> int:
     return seed
 
 
-def _set_worker_info(worker_id, num_workers, seed, dataset) -> None:
-    from . import _info
+class _TeeStderr:
+    """sys.stderr that also keeps the last lines in a memfd the main process can read after a
+    death ("exited with code 1: its last lines on stderr were ...")."""
 
-    _info.set_worker_info(worker_id, num_workers, seed, dataset)
+    def __init__(self, stream, fd):
+        self._stream = stream
+        self._fd = fd
+        self._size = 0
+
+    def write(self, text):
+        n = self._stream.write(text)
+        try:
+            data = text.encode("utf-8", "replace")
+            if self._size + len(data) > _STDERR_KEEP:
+                os.ftruncate(self._fd, 0)
+                os.lseek(self._fd, 0, os.SEEK_SET)
+                self._size = 0
+            os.write(self._fd, data)
+            self._size += len(data)
+        except OSError:
+            pass
+        return n
+
+    def flush(self):
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
-class _Fetcher:
-    """torch's fetch semantics: map-style by index, iterable-style from the worker's iterator."""
-
-    def __init__(self, kind, dataset, auto_collation, drop_last):
-        self.kind = kind
-        self.dataset = dataset
-        self.auto_collation = auto_collation
-        self.drop_last = drop_last
-        self.current = None  # the index being loaded, for error reports
-        if kind == ITERABLE:
-            self.iterator = iter(dataset)
-            self.ended = False
-
-    def fetch(self, index):
-        if self.kind == MAP:
-            if not self.auto_collation:
-                self.current = index
-                return self.dataset[index]
-            getitems = getattr(self.dataset, "__getitems__", None)
-            if getitems:
-                self.current = index
-                return getitems(index)
-            data = []
-            for i in index:
-                self.current = i
-                data.append(self.dataset[i])
-            self.current = index
-            return data
-        if self.ended:
-            raise StopIteration
-        if not self.auto_collation:
-            return next(self.iterator)
-        data = []
-        for _ in index:
-            try:
-                data.append(next(self.iterator))
-            except StopIteration:
-                self.ended = True
-                break
-        if len(data) == 0 or (self.drop_last and len(data) < len(index)):
-            raise StopIteration
-        return data
+def _share_logs(endpoint) -> None:
+    crash = os.memfd_create("stoker-crash-log", os.MFD_CLOEXEC)
+    faulthandler.enable(file=crash, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=crash, all_threads=True, chain=False)
+    endpoint.send_fd(_protocol.MSG_LOG_FILE, _protocol.LOG_CRASH, crash)
+    tee = os.memfd_create("stoker-stderr", os.MFD_CLOEXEC)
+    endpoint.send_fd(_protocol.MSG_LOG_FILE, _protocol.LOG_STDERR, tee)
+    sys.stderr = _TeeStderr(sys.stderr, tee)
 
 
 def worker_main(
@@ -112,6 +111,8 @@ def worker_main(
     base_seed: int,
     init_fn,
     parent_pid: int,
+    on_error: str = "raise",
+    max_retries: int = 3,
 ) -> None:
     # Ctrl+C reaches the whole process group; the main process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -119,6 +120,8 @@ def worker_main(
     _fdpass.close_inherited(keep=fd)
     endpoint = _stoker.WorkerEndpoint(fd, worker_id)
     endpoint.arm_guard(parent_pid)
+    endpoint.open_status()
+    _share_logs(endpoint)
 
     if "torch" in sys.modules or collate_mode != MODE_AS_IS:
         try:
@@ -134,19 +137,30 @@ def worker_main(
         except Exception:
             pass
     seed = _seed(base_seed, worker_id)
-    _set_worker_info(worker_id, num_workers, seed, dataset)
+    from . import _info
+
+    _info.set_worker_info(worker_id, num_workers, seed, dataset)
+
+    task_box = [0]
+
+    def on_sample(index):
+        endpoint.enter(_protocol.STATE_FETCHING, task_box[0], index)
+
+    def new_fetcher():
+        return Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)
 
     init_error = None
     fetcher = None
     try:
         if init_fn is not None:
             init_fn(worker_id)
-        fetcher = _Fetcher(kind, dataset, auto_collation, drop_last)
+        fetcher = new_fetcher()
     except Exception as e:  # reported with the first task, as torch does
         init_error = e
 
     ended = False
     while True:
+        endpoint.enter(_protocol.STATE_IDLE, task_box[0], None)
         msg = endpoint.receive()
         if msg is None:
             break
@@ -157,13 +171,14 @@ def worker_main(
             ended = False
             if init_error is None:
                 try:
-                    fetcher = _Fetcher(kind, dataset, auto_collation, drop_last)
+                    fetcher = new_fetcher()
                 except Exception as e:
                     init_error = e
             endpoint.send(MSG_RESUMED, task)
             continue
         if mtype != MSG_TASK or ended:
             continue
+        task_box[0] = task
         index = _protocol.decode_index(fmt, payload)
         if init_error is not None:
             endpoint.send(MSG_ERROR, task, 0, _protocol.encode_error(init_error, worker_id, None))
@@ -174,20 +189,39 @@ def worker_main(
         except StopIteration:
             if kind == ITERABLE:
                 ended = True
+                _report_skipped(endpoint, task, fetcher, dropped=False)
                 endpoint.send(MSG_END, task)
                 continue
             endpoint.send(MSG_ERROR, task, 0, _error(StopIteration(), worker_id, fetcher))
             continue
+        except Dropped:
+            _report_skipped(endpoint, task, fetcher, dropped=True)
+            continue
         except Exception as e:
             endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
             continue
+        _report_skipped(endpoint, task, fetcher, dropped=False)
         try:
             _send(endpoint, task, data, collate_fn, collate_mode, index if kind == MAP else None)
         except Exception as e:
             fetcher.current = index if kind == MAP else None
-            endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
+            if on_error == "skip":
+                fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
+                                   for i in (index if isinstance(index, list) else [index])]
+                _report_skipped(endpoint, task, fetcher, dropped=True)
+            else:
+                endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
         del data
+        endpoint.update_rss()
+    endpoint.enter(_stoker.STATE_IDLE, task_box[0], None)
     os._exit(0)
+
+
+def _report_skipped(endpoint, task, fetcher, dropped: bool) -> None:
+    if fetcher.skipped or dropped:
+        payload = pickle.dumps([(i, r) for i, r in fetcher.skipped])
+        endpoint.send(MSG_SKIPPED, task, 1 if dropped else 0, payload)
+        fetcher.skipped = []
 
 
 def _error(exc, worker_id, fetcher) -> bytes:
@@ -198,14 +232,20 @@ def _error(exc, worker_id, fetcher) -> bytes:
 def _send(endpoint, task, data, collate_fn, mode, index) -> None:
     indices = index if isinstance(index, list) else None
     if mode == MODE_AS_IS:
-        endpoint.send_batch(task, collate_fn(data), MODE_AS_IS, indices)
+        endpoint.enter(_protocol.STATE_COLLATING, task, None)
+        out = collate_fn(data)
+        endpoint.enter(_protocol.STATE_ENCODING, task, None)
+        endpoint.send_batch(task, out, MODE_AS_IS, indices)
         return
+    endpoint.enter(_protocol.STATE_ENCODING, task, None)
     if endpoint.send_batch(task, data, mode, indices):
         return
     # The fast path declined (an unusual type): torch's own collate decides, in Python.
+    endpoint.enter(_protocol.STATE_COLLATING, task, None)
     if mode == MODE_COLLATE:
         out = _collate.collate_in_python(data)
     else:
         assert mode == MODE_CONVERT
         out = _collate.convert_in_python(data)
+    endpoint.enter(_protocol.STATE_ENCODING, task, None)
     endpoint.send_batch(task, out, MODE_AS_IS, indices)

@@ -1,4 +1,5 @@
 // The main process's side: watch workers, send tasks, receive batches and deaths.
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 #include <signal.h>
 #include <time.h>
@@ -81,6 +82,31 @@ class PySupervisor {
     }
   }
 
+  // The worker's status page as a dict, or None when it has not sent one.
+  nb::object StatusOf(int id) const {
+    WorkerStatusPage p;
+    if (!sup_->ReadStatus(id, &p)) return nb::none();
+    nb::dict d;
+    d["pid"] = p.pid;
+    d["state"] = WorkerStateName(p.state);
+    d["task"] = p.task;
+    d["index"] = p.index == kNoIndex ? nb::none() : nb::cast(p.index);
+    const uint64_t now = MonotonicNs();
+    d["state_seconds"] = now > p.since_ns ? (now - p.since_ns) * 1e-9 : 0.0;
+    d["samples"] = p.samples;
+    d["batches"] = p.batches;
+    d["rss_bytes"] = p.rss_bytes;
+    d["bytes_sent"] = p.bytes_sent;
+    nb::dict times;
+    for (int s = 0; s < kWorkerStateCount; ++s) times[WorkerStateName(s)] = p.state_ns[s] * 1e-9;
+    d["seconds_in"] = times;
+    return d;
+  }
+  std::string ReadLog(int id, int kind, size_t max_bytes) const {
+    return sup_->ReadLog(id, static_cast<LogKind>(kind), max_bytes);
+  }
+  void Signal(int id, int signum) { Check(sup_->Signal(id, signum)); }
+
   std::vector<int> OwnedFds() const { return sup_->OwnedFds(); }
   size_t mapped_slot_count() const { return sup_->mapped_slot_count(); }
 
@@ -108,6 +134,10 @@ void register_supervisor(nb::module_& m) {
       .def("send", &PySupervisor::Send, nb::arg("worker"), nb::arg("type"), nb::arg("task"),
            nb::arg("a") = 0, nb::arg("payload") = nb::bytes(""))
       .def("wait", &PySupervisor::Wait, nb::arg("timeout").none() = nb::none())
+      .def("status", &PySupervisor::StatusOf, nb::arg("worker"))
+      .def("read_log", &PySupervisor::ReadLog, nb::arg("worker"), nb::arg("kind"),
+           nb::arg("max_bytes") = 65536)
+      .def("signal", &PySupervisor::Signal, nb::arg("worker"), nb::arg("signum"))
       .def("owned_fds", &PySupervisor::OwnedFds)
       .def_prop_ro("mapped_slot_count", &PySupervisor::mapped_slot_count);
   m.def("channel_pair", &ChannelPair, "A connected SOCK_SEQPACKET pair (close-on-exec).");
@@ -120,6 +150,14 @@ void register_supervisor(nb::module_& m) {
   m.attr("MSG_END") = static_cast<uint32_t>(MessageType::kEnd);
   m.attr("MSG_RESUMED") = static_cast<uint32_t>(MessageType::kResumed);
   m.attr("MSG_HELLO") = static_cast<uint32_t>(MessageType::kHello);
+  m.attr("MSG_LOG_FILE") = static_cast<uint32_t>(MessageType::kLogFile);
+  m.attr("MSG_SKIPPED") = static_cast<uint32_t>(MessageType::kSkipped);
+  m.attr("LOG_CRASH") = static_cast<int>(LogKind::kCrash);
+  m.attr("LOG_STDERR") = static_cast<int>(LogKind::kStderr);
+  m.attr("STATE_IDLE") = static_cast<int>(WorkerState::kIdle);
+  m.attr("STATE_FETCHING") = static_cast<int>(WorkerState::kFetching);
+  m.attr("STATE_COLLATING") = static_cast<int>(WorkerState::kCollating);
+  m.attr("STATE_ENCODING") = static_cast<int>(WorkerState::kEncoding);
 }
 
 }  // namespace stoker::py

@@ -7,7 +7,9 @@
 #include "py_encode.h"
 #include "stoker/channel.h"
 #include "stoker/slot_pool.h"
+#include "stoker/segment.h"
 #include "stoker/worker_guard.h"
+#include "stoker/worker_status.h"
 
 namespace stoker::py {
 namespace {
@@ -70,6 +72,7 @@ class WorkerEndpoint {
       st = encoder_.wire().Write(slot.payload, slot.capacity);
       if (st.ok()) {
         st = pool_.Publish(slot, bytes, task);
+        if (st.ok() && status_ != nullptr) WorkerStatusWriter(status_).AddBatch(bytes);
       } else {
         pool_.Abandon(slot);
       }
@@ -77,6 +80,54 @@ class WorkerEndpoint {
     encoder_.Reset();
     Check(st);
     return true;
+  }
+
+  // Creates this worker's status page and sends it to the main process.
+  void OpenStatus() {
+    int fd = -1;
+    Check(Segment::Create("stoker-status", sizeof(WorkerStatusPage), &status_seg_, &fd));
+    status_ = reinterpret_cast<WorkerStatusPage*>(status_seg_->data());
+    WorkerStatusWriter::Initialize(status_, static_cast<uint64_t>(getpid()));
+    MessageHeader h;
+    h.type = static_cast<uint32_t>(MessageType::kStatusPage);
+    Status st = SendMessage(sock_, h, nullptr, 0, fd);
+    close(fd);
+    Check(st);
+  }
+
+  // Records what the worker is doing: state (WorkerState), task, dataset index (an int that
+  // fits int64, or anything else for "not an int").
+  void Enter(int state, uint64_t task, nb::handle index) {
+    if (status_ == nullptr) return;
+    int64_t idx = kNoIndex;
+    if (PyLong_CheckExact(index.ptr())) {
+      int overflow = 0;
+      long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+      if (overflow == 0 && !(v == -1 && PyErr_Occurred())) idx = v;
+      PyErr_Clear();
+    }
+    WorkerStatusWriter(status_).Enter(static_cast<WorkerState>(state), task, idx);
+  }
+  void AddSample() {
+    if (status_ != nullptr) WorkerStatusWriter(status_).AddSample();
+  }
+  void UpdateRss() {
+    if (status_ == nullptr) return;
+    FILE* f = fopen("/proc/self/statm", "r");
+    if (f == nullptr) return;
+    unsigned long size = 0, resident = 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) == 2) {
+      WorkerStatusWriter(status_).SetRss(static_cast<uint64_t>(resident) * PageSize());
+    }
+    fclose(f);
+  }
+
+  // Sends a descriptor to the main process (a log memfd): `type` and `a` say what it is.
+  void SendFd(uint32_t type, uint64_t a, int fd) {
+    MessageHeader h;
+    h.type = type;
+    h.a = a;
+    Check(SendMessage(sock_, h, nullptr, 0, fd));
   }
 
   size_t slot_count() const { return pool_.slot_count(); }
@@ -87,6 +138,8 @@ class WorkerEndpoint {
   int sock_;
   SlotPool pool_;
   PyBatchEncoder encoder_;
+  std::unique_ptr<Segment> status_seg_;
+  WorkerStatusPage* status_ = nullptr;
 };
 
 }  // namespace
@@ -102,6 +155,11 @@ void register_worker(nb::module_& m) {
            nb::arg("payload") = nb::bytes(""))
       .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
            nb::arg("mode"), nb::arg("indices") = nb::none())
+      .def("open_status", &WorkerEndpoint::OpenStatus)
+      .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"), nb::arg("index").none())
+      .def("add_sample", &WorkerEndpoint::AddSample)
+      .def("update_rss", &WorkerEndpoint::UpdateRss)
+      .def("send_fd", &WorkerEndpoint::SendFd, nb::arg("type"), nb::arg("a"), nb::arg("fd"))
       .def_prop_ro("slot_count", &WorkerEndpoint::slot_count)
       .def_prop_ro("mapped_bytes", &WorkerEndpoint::mapped_bytes)
       .def_prop_ro("fd", &WorkerEndpoint::fd);

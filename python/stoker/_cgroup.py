@@ -1,0 +1,97 @@
+"""The memory cgroup this process runs in, and the kernel's OOM-kill counters.
+
+A worker killed by SIGKILL was, most often, chosen by the out-of-memory killer. dmesg is usually
+not readable in a container, so stoker compares OOM-kill counters read before and after the death:
+the memory cgroup's (v2 ``memory.events``, v1 ``memory.oom_control``) and the kernel's
+(``/proc/vmstat``).
+"""
+
+from __future__ import annotations
+
+import os
+
+_V2_ROOT = "/sys/fs/cgroup"
+_V1_ROOT = "/sys/fs/cgroup/memory"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int | None:
+    if not text:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                return int(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+def memory_cgroup_dir(pid: int | str = "self") -> tuple[str | None, int]:
+    """(directory of the memory cgroup, version 1 or 2), or (None, 0)."""
+    text = _read(f"/proc/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            d = os.path.join(_V2_ROOT, path.lstrip("/"))
+            if os.path.exists(os.path.join(d, "memory.events")):
+                return d, 2
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = os.path.join(_V1_ROOT, path.lstrip("/"))
+            if os.path.exists(d):
+                return d, 1
+    return None, 0
+
+
+def oom_kills() -> tuple[int | None, int | None]:
+    """(OOM kills recorded by this process's memory cgroup, OOM kills in the whole kernel)."""
+    d, version = memory_cgroup_dir()
+    cg = None
+    if version == 2:
+        cg = _keyed(_read(os.path.join(d, "memory.events")), "oom_kill")
+    elif version == 1:
+        cg = _keyed(_read(os.path.join(d, "memory.oom_control")), "oom_kill")
+    return cg, _keyed(_read("/proc/vmstat"), "oom_kill")
+
+
+def memory_limit_and_usage() -> tuple[int | None, int | None]:
+    """The tightest memory limit over this cgroup and its ancestors, and the usage, in bytes."""
+    d, version = memory_cgroup_dir()
+    if version == 2:
+        limit = None
+        p = d
+        while p and p.startswith(_V2_ROOT):
+            v = (_read(os.path.join(p, "memory.max")) or "").strip()
+            if v.isdigit():
+                limit = int(v) if limit is None else min(limit, int(v))
+            if p == _V2_ROOT:
+                break
+            p = os.path.dirname(p)
+        usage = (_read(os.path.join(d, "memory.current")) or "").strip()
+        return limit, int(usage) if usage.isdigit() else None
+    if version == 1:
+        limit = (_read(os.path.join(d, "memory.limit_in_bytes")) or "").strip()
+        usage = (_read(os.path.join(d, "memory.usage_in_bytes")) or "").strip()
+        lim = int(limit) if limit.isdigit() and int(limit) < 2**60 else None
+        return lim, int(usage) if usage.isdigit() else None
+    return None, None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
