@@ -42,6 +42,8 @@ Status MakeChannelPair(int fds[2]) {
 Status SendMessage(int sock, const MessageHeader& header_in, const void* payload, size_t size,
                    int fd) {
   MessageHeader header = header_in;
+  header.flags &= ~(kFlagPayloadInMemfd | kFlagHasFd);  // the transport's own bits
+  header.large_payload_bytes = 0;
   int big_fd = -1;
   if (size > kInlinePayloadMax) {
     // Too large for one packet: put the payload in a sealed memfd and send its descriptor.
@@ -151,26 +153,31 @@ Status ReceiveMessage(int sock, Message* out, bool nonblocking) {
   }
   std::memcpy(&out->header, buffer.data(), sizeof(MessageHeader));
   const uint32_t flags = out->header.flags;
+  // Hand out the descriptors the header announces; every other one is closed exactly once.
   int next = 0;
+  int fd = -1, big = -1;
   if (flags & kFlagHasFd) {
     if (next >= nfds) {
       close_fds();
       return Status::Error(Code::kCorrupt, "a message announced a descriptor that did not arrive");
     }
-    out->fd = fds[next++];
+    fd = fds[next++];
   }
   if (flags & kFlagPayloadInMemfd) {
     if (next >= nfds) {
-      if (out->fd >= 0) close(out->fd);
       close_fds();
       return Status::Error(Code::kCorrupt, "a large message arrived without its payload");
     }
-    const int big = fds[next++];
+    big = fds[next++];
+  }
+  for (int i = next; i < nfds; ++i) close(fds[i]);  // extra descriptors nobody announced
+  if (big >= 0) {
     struct stat st;
     const size_t size = out->header.large_payload_bytes;
-    if (fstat(big, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
+    if (size > (size_t{1} << 31) || fstat(big, &st) != 0 ||
+        static_cast<size_t>(st.st_size) != size) {
       close(big);
-      if (out->fd >= 0) close(out->fd);
+      if (fd >= 0) close(fd);
       return Status::Error(Code::kCorrupt, "a large message payload has the wrong size");
     }
     out->payload.resize(size);
@@ -180,20 +187,20 @@ Status ReceiveMessage(int sock, Message* out, bool nonblocking) {
       if (r <= 0) {
         if (r < 0 && errno == EINTR) continue;
         close(big);
-        if (out->fd >= 0) close(out->fd);
+        if (fd >= 0) close(fd);
+        out->payload.clear();
         return Status::Error(Code::kCorrupt, "could not read a large message payload");
       }
       done += static_cast<size_t>(r);
     }
     close(big);
-    out->header.flags &= ~kFlagPayloadInMemfd;
     out->header.large_payload_bytes = 0;
   } else {
     out->payload.assign(buffer.data() + sizeof(MessageHeader),
                         static_cast<size_t>(n) - sizeof(MessageHeader));
   }
-  for (int i = next; i < nfds; ++i) close(fds[i]);  // extra descriptors nobody announced
-  out->header.flags &= ~kFlagHasFd;
+  out->fd = fd;
+  out->header.flags &= ~(kFlagPayloadInMemfd | kFlagHasFd);
   return Status::OK();
 }
 

@@ -260,10 +260,25 @@ std::vector<int> RecordCloses(F fn) {
 TEST_F(ChannelTest, MissingLargePayloadClosesEachDescriptorOnce) {
   int mfd = memfd_create("chan-test", MFD_CLOEXEC);
   ASSERT_GE(mfd, 0);
+  // SendMessage masks the transport's own flag bits, so a confused peer is simulated with a raw
+  // packet: "payload in memfd" and "has fd" set, but only one descriptor attached.
   MessageHeader h;
   h.type = static_cast<uint32_t>(MessageType::kTask);
-  h.flags = 1u << 31;  // the transport's "payload in memfd" bit, set by a confused peer
-  ASSERT_TRUE(SendMessage(fds_[0], h, "x", 1, mfd).ok());
+  h.flags = (1u << 31) | (1u << 30);
+  struct iovec iov{&h, sizeof(h)};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  std::memset(control, 0, sizeof(control));
+  struct msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+  ASSERT_EQ(sendmsg(fds_[0], &msg, 0), static_cast<ssize_t>(sizeof(h)));
   close(mfd);
   Message m;
   Status st;

@@ -201,12 +201,10 @@ Status Supervisor::DrainDead(SupervisorEvent* event, bool* produced) {
     while (!w.channel_closed) {
       Message m;
       Status st = ReceiveMessage(w.sock, &m, /*nonblocking=*/true);
-      if (st.code() == Code::kTimeout || st.code() == Code::kClosed) {
+      if (!st.ok()) {  // nothing more (kTimeout), end of file, or a broken channel
         w.channel_closed = true;
-        break;
-      }
-      if (!st.ok()) {
-        w.channel_closed = true;
+        // A readable-at-EOF socket left in the set would make every later wait return at once.
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
         break;
       }
       bool consumed = false;

@@ -124,7 +124,7 @@ Status WireEncoder::AddArray(DType dtype, uint8_t flags, const int64_t* shape, i
   WireNode& n = nodes_.back();
   n.dtype = static_cast<uint8_t>(dtype);
   n.ndim = static_cast<uint8_t>(ndim);
-  n.flags = flags;
+  n.flags = flags & ~kArrayStrided;  // only AddStridedArray describes strides
   n.dims_index = static_cast<uint32_t>(dims_.size());
   dims_.insert(dims_.end(), shape, shape + ndim);
   pending_.back().first_piece = first_piece;
@@ -213,8 +213,14 @@ Status WireEncoder::Write(uint8_t* dst, size_t capacity) const {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const WireNode& n = nodes_[i];
     const Pending& p = pending_[i];
+    const NodeKind kind = static_cast<NodeKind>(n.kind);
+    if (kind == NodeKind::kNone || kind == NodeKind::kBool || kind == NodeKind::kInt ||
+        kind == NodeKind::kFloat || kind == NodeKind::kList || kind == NodeKind::kTuple ||
+        kind == NodeKind::kDict) {
+      continue;  // no heap data; `offset` may hold an inline value
+    }
     uint8_t* out = dst + n.offset;
-    switch (static_cast<NodeKind>(n.kind)) {
+    switch (kind) {
       case NodeKind::kStr:
       case NodeKind::kBytes:
         if (n.nbytes) std::memcpy(out, p.borrowed, n.nbytes);
@@ -225,7 +231,9 @@ Status WireEncoder::Write(uint8_t* dst, size_t capacity) const {
         if (n.nbytes) std::memcpy(out, owned_[p.owned_index].data(), n.nbytes);
         break;
       case NodeKind::kArray: {
-        const size_t itemsize = DTypeSize(static_cast<DType>(n.dtype));
+        // A strided array's bytes travelled as one run of bytes (see AddStridedArray).
+        const size_t itemsize =
+            (n.flags & kArrayStrided) ? 1 : DTypeSize(static_cast<DType>(n.dtype));
         for (uint32_t k = 0; k < p.piece_count; ++k) {
           const Piece& piece = pieces_[p.first_piece + k];
           const int64_t* shape = piece_dims_.data() + piece.dims_index;
