@@ -41,7 +41,7 @@ CLASS_NAMES = (
 )
 INDEX_FILE = "index.txt"
 MARKER_FILE = "COMPLETE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,18 +74,18 @@ def _rotated(points: np.ndarray, cx: float, cy: float, scale: float, angle: floa
     return [tuple(p) for p in pts.tolist()]
 
 
-_STAR = np.array(
-    [
-        (math.cos(a) * r, math.sin(a) * r)
-        for i in range(10)
-        for a, r in [(i * math.pi / 5, 1.0 if i % 2 == 0 else 0.45)]
-    ]
+_STAR_ANGLES = np.arange(10) * (math.pi / 5)
+_STAR = (
+    np.stack([np.cos(_STAR_ANGLES), np.sin(_STAR_ANGLES)], axis=1)
+    * np.where(np.arange(10) % 2 == 0, 1.0, 0.45)[:, None]
 )
 _CROSS = np.array(
     [(-0.3, -1), (0.3, -1), (0.3, -0.3), (1, -0.3), (1, 0.3), (0.3, 0.3), (0.3, 1), (-0.3, 1),
      (-0.3, 0.3), (-1, 0.3), (-1, -0.3), (-0.3, -0.3)]
 )  # fmt: skip
 _CHEVRON = np.array([(-1, -0.8), (0, 0.2), (1, -0.8), (1, -0.1), (0, 0.9), (-1, -0.1)])
+_ELLIPSE_ANGLES = np.linspace(0, 2 * math.pi, 48, endpoint=False)
+_ELLIPSE = np.stack([np.cos(_ELLIPSE_ANGLES), 0.45 * np.sin(_ELLIPSE_ANGLES)], axis=1)
 
 
 def _draw_image(index: int, seed: int, grid: tuple) -> tuple[Image.Image, int]:
@@ -123,8 +123,7 @@ def _draw_image(index: int, seed: int, grid: tuple) -> tuple[Image.Image, int]:
     elif label == 7:
         draw.ellipse(box, outline=fill, width=max(3, int(r * 0.3)))
     elif label == 8:
-        ellipse = np.array([(math.cos(u), 0.45 * math.sin(u)) for u in np.linspace(0, 6.2, 48)])
-        draw.polygon(_rotated(ellipse, cx, cy, r, angle), fill=fill)
+        draw.polygon(_rotated(_ELLIPSE, cx, cy, r, angle), fill=fill)
     else:
         draw.polygon(_rotated(_CHEVRON, cx, cy, r, angle), fill=fill)
     return img, label

@@ -107,3 +107,82 @@ class NumpyOnly(Dataset):
 
     def __getitem__(self, i):
         return np.full((2, 2), i, dtype=np.int32)
+
+
+class KillsOnceAt(Squares):
+    """Kills its own worker (SIGKILL) the first time each index in `bad` is loaded; a marker
+    file in `marks` remembers, across worker restarts, that it already happened."""
+
+    def __init__(self, bad, marks, n=64, signum=signal.SIGKILL):
+        super().__init__(n)
+        self.bad = set(bad)
+        self.marks = marks
+        self.signum = signum
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            mark = os.path.join(self.marks, str(i))
+            if not os.path.exists(mark):
+                open(mark, "w").close()
+                os.kill(os.getpid(), self.signum)
+                time.sleep(5)
+        return super().__getitem__(i)
+
+
+class HangsAt(Squares):
+    """Sample `bad` never returns (a stuck network read)."""
+
+    def __init__(self, bad, n=64):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            self._wait_forever()
+        return super().__getitem__(i)
+
+    def _wait_forever(self):
+        while True:
+            time.sleep(0.05)
+
+
+class FlakyAt(Squares):
+    """Raises IOError the first `times` times sample `bad` is loaded (a transient read error)."""
+
+    def __init__(self, bad, marks, times=1, n=64):
+        super().__init__(n)
+        self.bad = bad
+        self.marks = marks
+        self.times = times
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            mark = os.path.join(self.marks, f"flaky-{i}")
+            count = int(open(mark).read()) if os.path.exists(mark) else 0
+            if count < self.times:
+                with open(mark, "w") as f:
+                    f.write(str(count + 1))
+                raise OSError(f"transient read error on sample {i}")
+        return super().__getitem__(i)
+
+
+class Hog(Squares):
+    """Sample `bad` allocates and touches `mb` megabytes (an image that decodes to a giant)."""
+
+    def __init__(self, bad, mb, n=64):
+        super().__init__(n)
+        self.bad = bad
+        self.mb = mb
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            blob = bytearray(self.mb * 2**20)
+            blob[:: 4096] = b"x" * len(blob[:: 4096])
+            time.sleep(5)
+        return super().__getitem__(i)
+
+
+class Slow(Squares):
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return super().__getitem__(i)

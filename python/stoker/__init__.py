@@ -13,6 +13,7 @@ from ._errors import (
     EngineError,
     WorkerCrashed,
     WorkerError,
+    WorkerHung,
 )
 from ._info import get_worker_info
 from ._loader import DataLoader
@@ -27,5 +28,6 @@ __all__ = [
     "EngineError",
     "WorkerCrashed",
     "WorkerError",
+    "WorkerHung",
     "get_worker_info",
 ]

@@ -33,6 +33,22 @@ class Death:
         return f"worker {self.worker_id} (pid {self.pid}) {self.cause}{where}"
 
 
+def trim_stack(stack: str) -> str:
+    """Drops the frames below the worker's loop: under fork they are the parent's frames at the
+    moment it started the worker, which only confuse."""
+    lines = []
+    skipping = False
+    for line in stack.splitlines():
+        if line.startswith("  File "):
+            if not skipping:
+                lines.append(line)
+                skipping = line.rstrip().endswith(" in worker_main")
+        else:
+            skipping = False
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def last_stack(crash_log: str) -> str:
     """The last Python stack faulthandler wrote (at a fatal signal or on request)."""
     text = crash_log.strip()
@@ -44,7 +60,7 @@ def last_stack(crash_log: str) -> str:
             # For a fatal error the stack follows the marker; keep the whole last report.
             fatal = text.rfind("Fatal Python error")
             start = fatal if fatal >= 0 and fatal <= pos else pos
-            return text[start:]
+            return trim_stack(text[start:])
     return text[-4000:]
 
 

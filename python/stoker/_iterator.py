@@ -368,7 +368,8 @@ class MultiProcessIter(_BaseDataLoaderIter):
                 time.sleep(0.02)
                 text = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
                 break
-        return text[len(before):].strip() if text.startswith(before) else text.strip()
+        new = text[len(before):] if text.startswith(before) else text
+        return _deaths.trim_stack(new.strip())
 
     def _raise_timeout(self):
         info = self._task_info.get(self._rcvd_idx)
@@ -411,6 +412,10 @@ class MultiProcessIter(_BaseDataLoaderIter):
         self._sup.remove_worker(worker_id)
         if proc is not None:
             proc.join(timeout=_EXIT_GRACE_S)
+            # multiprocessing may have reaped it first (Process.start() reaps finished children),
+            # in which case only it knows the status.
+            if proc.exitcode is not None:
+                signum, exit_code = (-proc.exitcode, None) if proc.exitcode < 0 else (0, proc.exitcode)
         pid = proc.pid if proc is not None else status.get("pid")
         hung = self._hung.pop(worker_id, None)
         busy = status.get("state") in ("loading", "collating", "encoding")
