@@ -5,7 +5,7 @@ What it shows:
 * ``stoker.DataLoader`` is a drop-in replacement for ``torch.utils.data.DataLoader``: both are
   built with exactly the same arguments (an ordinary map-style ``Dataset``, ``batch_size``,
   ``shuffle`` with a seeded ``generator``, ``num_workers``) and the loop body is identical.
-* The workload is a typical input-bound one: every sample is a JPEG decoded with Pillow, randomly
+* The workload is data-loading heavy: every sample is a JPEG decoded with Pillow, randomly
   cropped and flipped (torch RNG, so per-worker seeding matters), and collated into uint8
   batches, while the main process runs one SGD step of a tiny CNN per batch.
 * At the end it prints the throughput (images/s) of both loaders side by side, their ratio, and
@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="dataset cache directory")
     p.add_argument("--images", type=int, default=3000, help="number of images in the dataset")
-    p.add_argument("--epochs", type=int, default=18, help="epochs per loader")
+    p.add_argument("--epochs", type=int, default=15, help="epochs per loader")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="num_workers for both loaders")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches at the start of each run")

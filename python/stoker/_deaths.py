@@ -83,7 +83,7 @@ def describe(signum, exit_code, core, *, oom, rss, index, crash_log, stderr_tail
         cause = "was killed by the out-of-memory killer (SIGKILL)"
         text = (
             f"{cause}{at}: memory limit {_cgroup.human_bytes(limit)}, usage now "
-            f"{_cgroup.human_bytes(usage)}, the worker's last resident size "
+            f"{_cgroup.human_bytes(usage)}, the worker's resident size at its last batch "
             f"{_cgroup.human_bytes(rss)}.\nWhat to do: lower num_workers, prefetch_factor or "
             "batch_size, avoid holding many batches, make samples smaller, or raise the memory "
             "limit of the container or job."

@@ -24,7 +24,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import _cgroup, _deaths, _fdpass, _protocol, _stoker, _worker
-from ._errors import EngineError, WorkerCrashed, WorkerHung
+from ._errors import BatchEncodingError, CollateError, EngineError, WorkerCrashed, WorkerHung
 from ._fetch import SkippedSample
 from ._protocol import (
     MODE_AS_IS,
@@ -66,11 +66,14 @@ class _Failure:
 
     def reraise(self):
         r = self.report
+        exc_type = r["type"]
+        if exc_type in (CollateError, BatchEncodingError):
+            # stoker's own diagnosis of the data: the message already names index, field, type.
+            raise exc_type(f"{r['message']}\n(in DataLoader worker process {r['worker_id']})")
         where = f"in DataLoader worker process {r['worker_id']}"
         if r["index"] is not None:
             where += f" while loading dataset index {_protocol.short_repr(r['index'])}"
         msg = f"Caught {r['type_name'].rsplit('.', 1)[-1]} {where}.\nOriginal {r['traceback']}"
-        exc_type = r["type"]
         if exc_type is None:
             raise RuntimeError(msg + f"\n(the original type {r['type_name']} is not importable)")
         if exc_type is KeyError:
