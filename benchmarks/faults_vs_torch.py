@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")

@@ -16,9 +16,9 @@ namespace stoker {
 
 enum class MessageType : uint32_t {
   // main -> worker
-  kTask = 1,     // task: load these indices (payload: int64[]) or the next batch (iterable)
-  kResume = 2,   // a new epoch begins (persistent workers); reply kResumed
-  kStop = 3,     // exit cleanly
+  kTask = 1,    // task: load these indices (payload: int64[]) or the next batch (iterable)
+  kResume = 2,  // a new epoch begins (persistent workers); reply kResumed
+  kStop = 3,    // exit cleanly
   // worker -> main
   kSlotNew = 10,     // a = slot id; the memfd is attached
   kSlotRetire = 11,  // a = slot id: the worker dropped this FREE slot

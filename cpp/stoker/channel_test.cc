@@ -4,12 +4,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -265,10 +264,12 @@ TEST_F(ChannelTest, MissingLargePayloadClosesEachDescriptorOnce) {
   MessageHeader h;
   h.type = static_cast<uint32_t>(MessageType::kTask);
   h.flags = (1u << 31) | (1u << 30);
-  struct iovec iov{&h, sizeof(h)};
+  struct iovec iov {
+    &h, sizeof(h)
+  };
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   std::memset(control, 0, sizeof(control));
-  struct msghdr msg{};
+  struct msghdr msg {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;

@@ -6,10 +6,14 @@ namespace stoker {
 
 const char* SlotStateName(uint32_t state) {
   switch (static_cast<SlotState>(state)) {
-    case SlotState::kFree: return "free";
-    case SlotState::kWriting: return "writing";
-    case SlotState::kReady: return "ready";
-    case SlotState::kLent: return "lent";
+    case SlotState::kFree:
+      return "free";
+    case SlotState::kWriting:
+      return "writing";
+    case SlotState::kReady:
+      return "ready";
+    case SlotState::kLent:
+      return "lent";
   }
   return "invalid";
 }
@@ -25,8 +29,7 @@ void SlotWord::Initialize(SlotHeader* h, uint32_t slot_id, uint64_t capacity) {
 
 bool SlotWord::BeginWrite(uint32_t* generation) {
   uint32_t expected = static_cast<uint32_t>(SlotState::kFree);
-  if (!ref(h_->state).compare_exchange_strong(expected,
-                                              static_cast<uint32_t>(SlotState::kWriting),
+  if (!ref(h_->state).compare_exchange_strong(expected, static_cast<uint32_t>(SlotState::kWriting),
                                               std::memory_order_acq_rel)) {
     return false;
   }

@@ -14,15 +14,24 @@ Status Status::FromErrno(const std::string& what, int err) {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kSystem: return "system error";
-    case Code::kCorrupt: return "corrupt data";
-    case Code::kOutOfMemory: return "out of memory";
-    case Code::kTimeout: return "timeout";
-    case Code::kClosed: return "closed";
-    case Code::kInterrupted: return "interrupted";
-    case Code::kTooLarge: return "too large";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kSystem:
+      return "system error";
+    case Code::kCorrupt:
+      return "corrupt data";
+    case Code::kOutOfMemory:
+      return "out of memory";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kClosed:
+      return "closed";
+    case Code::kInterrupted:
+      return "interrupted";
+    case Code::kTooLarge:
+      return "too large";
   }
   return "unknown";
 }

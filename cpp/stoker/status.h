@@ -48,8 +48,8 @@ const char* CodeName(Code code);
 
 }  // namespace stoker
 
-#define STOKER_RETURN_IF_ERROR(expr)      \
-  do {                                    \
-    ::stoker::Status _st = (expr);        \
-    if (!_st.ok()) return _st;            \
+#define STOKER_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::stoker::Status _st = (expr);   \
+    if (!_st.ok()) return _st;       \
   } while (0)

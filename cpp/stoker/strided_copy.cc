@@ -18,8 +18,8 @@ bool IsContiguous(const int64_t* shape, const int64_t* strides, int ndim, size_t
 namespace {
 
 // Copies dims [d, ndim) where the innermost `inner_bytes` are contiguous in the source.
-void CopyRec(uint8_t*& dst, const uint8_t* src, const int64_t* shape, const int64_t* strides,
-             int d, int inner_dim, size_t inner_bytes) {
+void CopyRec(uint8_t*& dst, const uint8_t* src, const int64_t* shape, const int64_t* strides, int d,
+             int inner_dim, size_t inner_bytes) {
   if (d == inner_dim) {
     std::memcpy(dst, src, inner_bytes);
     dst += inner_bytes;

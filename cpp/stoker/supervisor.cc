@@ -1,7 +1,5 @@
 #include "stoker/supervisor.h"
 
-#include "stoker/slot.h"
-
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
@@ -11,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+
+#include "stoker/slot.h"
 
 namespace stoker {
 namespace {
@@ -95,11 +95,11 @@ void Supervisor::RemoveWorker(int worker) {
   workers_.erase(it);  // slot mappings die with their last holder
 }
 
-Status Supervisor::Send(int worker, const MessageHeader& header, const void* payload,
-                        size_t size) {
+Status Supervisor::Send(int worker, const MessageHeader& header, const void* payload, size_t size) {
   auto it = workers_.find(worker);
   if (it == workers_.end()) return Status::Error(Code::kInvalidArgument, "no such worker");
-  if (it->second.channel_closed) return Status::Error(Code::kClosed, "the worker's channel is closed");
+  if (it->second.channel_closed)
+    return Status::Error(Code::kClosed, "the worker's channel is closed");
   return SendMessage(it->second.sock, header, payload, size);
 }
 
@@ -133,7 +133,8 @@ Status Supervisor::Absorb(int id, Worker& w, Message& m, bool* consumed, Supervi
   *consumed = false;
   switch (m.type()) {
     case MessageType::kSlotNew: {
-      if (m.fd < 0) return Status::Error(Code::kCorrupt, "a slot announcement came without its memfd");
+      if (m.fd < 0)
+        return Status::Error(Code::kCorrupt, "a slot announcement came without its memfd");
       std::unique_ptr<Segment> seg;
       Status st = Segment::Map(m.fd, &seg);
       close(m.fd);
@@ -236,7 +237,8 @@ Status Supervisor::Wait(int timeout_ms, SupervisorEvent* event) {
   for (;;) {
     int n = epoll_wait(epfd_, evs, kMaxEvents, timeout_ms);
     if (n < 0) {
-      if (errno == EINTR) return Status::Error(Code::kInterrupted, "interrupted by a signal", EINTR);
+      if (errno == EINTR)
+        return Status::Error(Code::kInterrupted, "interrupted by a signal", EINTR);
       return Status::FromErrno("epoll_wait", errno);
     }
     if (n == 0) return Status::OK();  // kTimeout

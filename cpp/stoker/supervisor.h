@@ -33,9 +33,9 @@ struct SupervisorEvent {
   enum class Kind { kTimeout, kMessage, kDied };
   Kind kind = Kind::kTimeout;
   int worker = -1;
-  Message message;                   // kMessage
-  std::shared_ptr<Segment> slot;     // kMessage of type kBatch: the slot it names
-  WorkerExit exit;                   // kDied
+  Message message;                // kMessage
+  std::shared_ptr<Segment> slot;  // kMessage of type kBatch: the slot it names
+  WorkerExit exit;                // kDied
 };
 
 class Supervisor {
@@ -74,7 +74,7 @@ class Supervisor {
     int sock = -1;
     int pidfd = -1;
     pid_t pid = 0;
-    bool exited = false;        // its pidfd fired
+    bool exited = false;  // its pidfd fired
     bool channel_closed = false;
     bool death_reported = false;
     std::map<uint32_t, std::shared_ptr<Segment>> slots;

@@ -4,14 +4,13 @@
 #include "stoker/supervisor.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,8 +52,8 @@ struct SampleBatch {
   SampleBatch(int64_t rows, uint64_t task) : values(static_cast<size_t>(rows) * 3) {
     for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(task * 1000 + i);
     for (int64_t s = 0; s < rows; ++s) {
-      sources.push_back({reinterpret_cast<const uint8_t*>(values.data() + s * 3), row_shape,
-                         nullptr, 1});
+      sources.push_back(
+          {reinterpret_cast<const uint8_t*>(values.data() + s * 3), row_shape, nullptr, 1});
     }
     shape[0] = rows;
     enc.AddContainer(NodeKind::kTuple, 2);
@@ -503,8 +502,7 @@ TEST_F(SupervisorTest, SendAndReply) {
   EXPECT_EQ(ev.message.header.a, static_cast<uint64_t>(pid));
   EXPECT_EQ(ev.message.payload, indices);
   EXPECT_EQ(ev.slot, nullptr);
-  EXPECT_EQ(sup_->Send(99, Header(MessageType::kStop), nullptr, 0).code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(sup_->Send(99, Header(MessageType::kStop), nullptr, 0).code(), Code::kInvalidArgument);
   ASSERT_TRUE(sup_->Send(9, Header(MessageType::kStop), nullptr, 0).ok());
   EXPECT_EQ(Next().kind, Kind::kDied);
   Reap(pid);
@@ -646,8 +644,8 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
     if (log_fd < 0 || write(log_fd, "line1\nline2\n", 12) != 12) return 11;
     const int junk_fd = memfd_create("junk", MFD_CLOEXEC);
     if (!SendMessage(sock, Header(MessageType::kStatusPage), nullptr, 0, page_fd).ok() ||
-        !SendMessage(sock, Header(MessageType::kLogFile, 0,
-                                  static_cast<uint64_t>(LogKind::kStderr)),
+        !SendMessage(sock,
+                     Header(MessageType::kLogFile, 0, static_cast<uint64_t>(LogKind::kStderr)),
                      nullptr, 0, log_fd)
              .ok() ||
         !SendMessage(sock, Header(MessageType::kLogFile, 0, 7), nullptr, 0, junk_fd).ok() ||

@@ -21,13 +21,13 @@ struct DecodedNode {
   DType dtype;
   uint8_t flags;
   int ndim;
-  uint32_t count;          // containers: children (dict: pairs)
-  uint32_t shape_index;    // arrays: first of ndim entries in DecodedBatch::dims
-  bool strided;            // arrays: ndim strides (elements) follow the shape in dims
-  const uint8_t* data;     // heap data (arrays, str, bytes, pickled, namedtuple type)
+  uint32_t count;        // containers: children (dict: pairs)
+  uint32_t shape_index;  // arrays: first of ndim entries in DecodedBatch::dims
+  bool strided;          // arrays: ndim strides (elements) follow the shape in dims
+  const uint8_t* data;   // heap data (arrays, str, bytes, pickled, namedtuple type)
   uint64_t nbytes;
-  int64_t int_value;       // kInt, kBool
-  double float_value;      // kFloat
+  int64_t int_value;   // kInt, kBool
+  double float_value;  // kFloat
 };
 
 struct DecodedBatch {

@@ -108,8 +108,8 @@ Status WireEncoder::AddArray(DType dtype, uint8_t flags, const int64_t* shape, i
     p.data = src.data;
     p.ndim = src.ndim;
     p.dims_index = static_cast<uint32_t>(piece_dims_.size());
-    p.has_strides = src.strides != nullptr &&
-                    !IsContiguous(src.shape, src.strides, src.ndim, itemsize);
+    p.has_strides =
+        src.strides != nullptr && !IsContiguous(src.shape, src.strides, src.ndim, itemsize);
     piece_dims_.insert(piece_dims_.end(), src.shape, src.shape + src.ndim);
     if (p.has_strides) piece_dims_.insert(piece_dims_.end(), src.strides, src.strides + src.ndim);
     pieces_.push_back(p);

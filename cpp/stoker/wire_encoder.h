@@ -67,7 +67,7 @@ class WireEncoder {
     bool has_strides;
   };
   struct Pending {
-    const char* borrowed = nullptr;  // str/bytes
+    const char* borrowed = nullptr;     // str/bytes
     uint32_t owned_index = UINT32_MAX;  // into owned_
     uint32_t first_piece = 0, piece_count = 0;
   };

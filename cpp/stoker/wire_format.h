@@ -29,23 +29,36 @@ constexpr int kMaxNesting = 64;
 enum class NodeKind : uint8_t {
   kNone = 0,
   kBool = 1,
-  kInt = 2,         // int64 inline
-  kFloat = 3,       // double inline
-  kStr = 4,         // UTF-8 bytes in the heap
-  kBytes = 5,       // bytes in the heap
-  kArray = 6,       // dense C-ordered array in the heap
-  kList = 7,        // count children
-  kTuple = 8,       // count children
-  kDict = 9,        // count (key, value) pairs = 2*count children
-  kNamedTuple = 10, // count fields; the type is pickled in the heap at offset/nbytes
-  kPickled = 11,    // pickled object in the heap
-  kBigInt = 12,     // int outside int64: decimal text in the heap
+  kInt = 2,          // int64 inline
+  kFloat = 3,        // double inline
+  kStr = 4,          // UTF-8 bytes in the heap
+  kBytes = 5,        // bytes in the heap
+  kArray = 6,        // dense C-ordered array in the heap
+  kList = 7,         // count children
+  kTuple = 8,        // count children
+  kDict = 9,         // count (key, value) pairs = 2*count children
+  kNamedTuple = 10,  // count fields; the type is pickled in the heap at offset/nbytes
+  kPickled = 11,     // pickled object in the heap
+  kBigInt = 12,      // int outside int64: decimal text in the heap
 };
 constexpr uint8_t kNodeKindCount = 13;
 
 enum class DType : uint8_t {
-  kBool = 0, kUInt8, kInt8, kInt16, kInt32, kInt64, kUInt16, kUInt32, kUInt64,
-  kFloat16, kBFloat16, kFloat32, kFloat64, kComplex64, kComplex128,
+  kBool = 0,
+  kUInt8,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUInt16,
+  kUInt32,
+  kUInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
+  kComplex64,
+  kComplex128,
 };
 constexpr uint8_t kDTypeCount = 15;
 
@@ -75,13 +88,13 @@ struct BatchHeader {
 static_assert(sizeof(BatchHeader) == 64, "part of the wire format");
 
 struct WireNode {
-  uint8_t kind;   // NodeKind
-  uint8_t dtype;  // DType (arrays)
-  uint8_t ndim;   // arrays
-  uint8_t flags;  // arrays: kArrayAsNumpy
-  uint32_t count; // containers: children (dict: pairs)
-  uint64_t offset;  // heap offset of data; or the inline value of a scalar
-  uint64_t nbytes;  // bytes of data in the heap
+  uint8_t kind;         // NodeKind
+  uint8_t dtype;        // DType (arrays)
+  uint8_t ndim;         // arrays
+  uint8_t flags;        // arrays: kArrayAsNumpy
+  uint32_t count;       // containers: children (dict: pairs)
+  uint64_t offset;      // heap offset of data; or the inline value of a scalar
+  uint64_t nbytes;      // bytes of data in the heap
   uint32_t dims_index;  // arrays: first of ndim entries in dims
   uint32_t reserved;
 };

@@ -66,8 +66,8 @@ std::vector<int64_t> Shape(const DecodedBatch& b, const DecodedNode& n) {
 // The table of dtype sizes and names.
 TEST(WireFormatTest, DTypeSizesAndNames) {
   const size_t sizes[kDTypeCount] = {1, 1, 1, 2, 4, 8, 2, 4, 8, 2, 2, 4, 8, 8, 16};
-  const char* names[kDTypeCount] = {"bool",    "uint8",    "int8",    "int16",     "int32",
-                                    "int64",   "uint16",   "uint32",  "uint64",    "float16",
+  const char* names[kDTypeCount] = {"bool",     "uint8",   "int8",    "int16",     "int32",
+                                    "int64",    "uint16",  "uint32",  "uint64",    "float16",
                                     "bfloat16", "float32", "float64", "complex64", "complex128"};
   for (uint8_t d = 0; d < kDTypeCount; ++d) {
     EXPECT_EQ(DTypeSize(static_cast<DType>(d)), sizes[d]) << int{d};
@@ -111,25 +111,25 @@ TEST(WireRoundTripTest, NestedContainersAndScalars) {
   const std::string k_a = "a", k_b = "b", k_c = "c", hello = "h\xc3\xa9llo";
   const std::string raw("\x00\x01\xff", 3);
   WireEncoder enc;
-  enc.AddContainer(NodeKind::kDict, 4);             // 0
-  enc.AddStr(k_a.data(), k_a.size());               // 1
-  enc.AddContainer(NodeKind::kList, 5);             // 2
-  enc.AddNone();                                    // 3
-  enc.AddBool(true);                                // 4
-  enc.AddBool(false);                               // 5
-  enc.AddInt(std::numeric_limits<int64_t>::min());  // 6
-  enc.AddFloat(-2.5);                               // 7
-  enc.AddStr(k_b.data(), k_b.size());               // 8
-  enc.AddContainer(NodeKind::kTuple, 3);            // 9
-  enc.AddStr(hello.data(), hello.size());           // 10
-  enc.AddBytes(raw.data(), raw.size());             // 11
-  enc.AddStr("", 0);                                // 12
-  enc.AddStr(k_c.data(), k_c.size());               // 13
-  enc.AddNamedTuple(2, "PICKLED-TYPE");             // 14
-  enc.AddPickled(std::string("\x80\x04pickle\x00.", 10));            // 15
-  enc.AddBigInt("-123456789012345678901234567890");  // 16
-  enc.AddInt(4);                                    // 17
-  enc.AddContainer(NodeKind::kList, 0);             // 18
+  enc.AddContainer(NodeKind::kDict, 4);                    // 0
+  enc.AddStr(k_a.data(), k_a.size());                      // 1
+  enc.AddContainer(NodeKind::kList, 5);                    // 2
+  enc.AddNone();                                           // 3
+  enc.AddBool(true);                                       // 4
+  enc.AddBool(false);                                      // 5
+  enc.AddInt(std::numeric_limits<int64_t>::min());         // 6
+  enc.AddFloat(-2.5);                                      // 7
+  enc.AddStr(k_b.data(), k_b.size());                      // 8
+  enc.AddContainer(NodeKind::kTuple, 3);                   // 9
+  enc.AddStr(hello.data(), hello.size());                  // 10
+  enc.AddBytes(raw.data(), raw.size());                    // 11
+  enc.AddStr("", 0);                                       // 12
+  enc.AddStr(k_c.data(), k_c.size());                      // 13
+  enc.AddNamedTuple(2, "PICKLED-TYPE");                    // 14
+  enc.AddPickled(std::string("\x80\x04pickle\x00.", 10));  // 15
+  enc.AddBigInt("-123456789012345678901234567890");        // 16
+  enc.AddInt(4);                                           // 17
+  enc.AddContainer(NodeKind::kList, 0);                    // 18
   ASSERT_EQ(enc.node_count(), 19u);
   auto buf = Encode(enc);
 
@@ -138,11 +138,11 @@ TEST(WireRoundTripTest, NestedContainersAndScalars) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_EQ(out.nodes.size(), 19u);
   const NodeKind kinds[19] = {
-      NodeKind::kDict,  NodeKind::kStr,   NodeKind::kList,       NodeKind::kNone,
-      NodeKind::kBool,  NodeKind::kBool,  NodeKind::kInt,        NodeKind::kFloat,
-      NodeKind::kStr,   NodeKind::kTuple, NodeKind::kStr,        NodeKind::kBytes,
-      NodeKind::kStr,   NodeKind::kStr,   NodeKind::kNamedTuple, NodeKind::kPickled,
-      NodeKind::kBigInt, NodeKind::kInt,  NodeKind::kList};
+      NodeKind::kDict,   NodeKind::kStr,   NodeKind::kList,       NodeKind::kNone,
+      NodeKind::kBool,   NodeKind::kBool,  NodeKind::kInt,        NodeKind::kFloat,
+      NodeKind::kStr,    NodeKind::kTuple, NodeKind::kStr,        NodeKind::kBytes,
+      NodeKind::kStr,    NodeKind::kStr,   NodeKind::kNamedTuple, NodeKind::kPickled,
+      NodeKind::kBigInt, NodeKind::kInt,   NodeKind::kList};
   for (int i = 0; i < 19; ++i) EXPECT_EQ(out.nodes[i].kind, kinds[i]) << "node " << i;
   EXPECT_EQ(out.nodes[0].count, 4u);
   EXPECT_EQ(AsString(out.nodes[1]), "a");
@@ -172,9 +172,12 @@ TEST(WireRoundTripTest, NestedContainersAndScalars) {
 
 // Floats keep their exact bits, including NaN payloads, infinities and -0.0.
 TEST(WireRoundTripTest, FloatBitsArePreserved) {
-  const double values[] = {0.0, -0.0, std::numeric_limits<double>::infinity(),
+  const double values[] = {0.0,
+                           -0.0,
+                           std::numeric_limits<double>::infinity(),
                            std::numeric_limits<double>::quiet_NaN(),
-                           std::numeric_limits<double>::denorm_min(), 1e308};
+                           std::numeric_limits<double>::denorm_min(),
+                           1e308};
   WireEncoder enc;
   enc.AddContainer(NodeKind::kTuple, 6);
   for (double v : values) enc.AddFloat(v);
@@ -224,8 +227,7 @@ TEST(WireRoundTripTest, StackedArrayFromMixedSources) {
   ASSERT_EQ(n.kind, NodeKind::kArray);
   EXPECT_EQ(Shape(out, n), (std::vector<int64_t>{5, 3}));
   ASSERT_EQ(n.nbytes, 15 * sizeof(float));
-  const float expected[15] = {0,   1,   2,   3,   4,   5,   100, 102,
-                              104, 101, 103, 105, 200, 201, 202};
+  const float expected[15] = {0, 1, 2, 3, 4, 5, 100, 102, 104, 101, 103, 105, 200, 201, 202};
   float got[15];
   std::memcpy(got, n.data, sizeof(got));
   for (int i = 0; i < 15; ++i) EXPECT_EQ(got[i], expected[i]) << "element " << i;
@@ -341,13 +343,11 @@ TEST(WireEncoderTest, AddArrayRejectsBadShapes) {
   std::vector<int64_t> many(33, 1);
   EXPECT_EQ(enc.AddArray(DType::kFloat32, 0, many.data(), 33, &src, 1).code(), Code::kTooLarge);
   const int64_t negative[2] = {-1, -4};
-  EXPECT_EQ(enc.AddArray(DType::kFloat32, 0, negative, 2, &src, 1).code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(enc.AddArray(DType::kFloat32, 0, negative, 2, &src, 1).code(), Code::kInvalidArgument);
   const int64_t huge[2] = {int64_t{1} << 40, int64_t{1} << 40};
   EXPECT_EQ(enc.AddArray(DType::kFloat32, 0, huge, 2, &src, 1).code(), Code::kTooLarge);
   const int64_t bytes_overflow[1] = {int64_t{1} << 62};
-  EXPECT_EQ(enc.AddArray(DType::kFloat64, 0, bytes_overflow, 1, &src, 1).code(),
-            Code::kTooLarge);
+  EXPECT_EQ(enc.AddArray(DType::kFloat64, 0, bytes_overflow, 1, &src, 1).code(), Code::kTooLarge);
   EXPECT_EQ(enc.node_count(), 1u);
   // 32 dims is the maximum and is accepted.
   std::vector<int64_t> ones(32, 1);
@@ -978,8 +978,8 @@ TEST(StridedCopyTest, MatchesNaiveReferenceOnRandomLayouts) {
     std::vector<uint8_t> got(static_cast<size_t>(total) + 8, 0xa5);
     std::vector<uint8_t> want(static_cast<size_t>(total) + 8, 0xa5);
     NaiveCopy(want.data(), base.data() + start, shape, strides, itemsize);
-    const size_t n = CopyToContiguous(got.data(), base.data() + start, shape.data(),
-                                      strides.data(), ndim, itemsize);
+    const size_t n = CopyToContiguous(got.data(), base.data() + start, shape.data(), strides.data(),
+                                      ndim, itemsize);
     if (!IsContiguous(shape.data(), strides.data(), ndim, itemsize)) ++non_contiguous;
     ASSERT_EQ(n, static_cast<size_t>(total)) << "iteration " << iter;
     ASSERT_EQ(got, want) << "iteration " << iter << " ndim " << ndim << " itemsize " << itemsize;

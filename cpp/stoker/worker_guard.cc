@@ -11,7 +11,8 @@
 namespace stoker {
 
 Status ArmWorkerGuard(int sock, pid_t expected_parent) {
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return Status::FromErrno("prctl(PR_SET_PDEATHSIG)", errno);
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+    return Status::FromErrno("prctl(PR_SET_PDEATHSIG)", errno);
   if (expected_parent > 0 && getppid() != expected_parent) _exit(0);  // orphaned already
   std::thread([sock]() {
     struct pollfd p;

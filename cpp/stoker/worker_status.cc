@@ -14,12 +14,18 @@ uint64_t MonotonicNs() {
 
 const char* WorkerStateName(uint64_t state) {
   switch (static_cast<WorkerState>(state)) {
-    case WorkerState::kStarting: return "starting";
-    case WorkerState::kIdle: return "idle";
-    case WorkerState::kFetching: return "loading";
-    case WorkerState::kCollating: return "collating";
-    case WorkerState::kEncoding: return "encoding";
-    case WorkerState::kExiting: return "exiting";
+    case WorkerState::kStarting:
+      return "starting";
+    case WorkerState::kIdle:
+      return "idle";
+    case WorkerState::kFetching:
+      return "loading";
+    case WorkerState::kCollating:
+      return "collating";
+    case WorkerState::kEncoding:
+      return "encoding";
+    case WorkerState::kExiting:
+      return "exiting";
   }
   return "unknown";
 }
@@ -53,7 +59,8 @@ WorkerStatusPage ReadWorkerStatus(const WorkerStatusPage* page) {
   const uint64_t* src = reinterpret_cast<const uint64_t*>(page);
   uint64_t* dst = reinterpret_cast<uint64_t*>(&out);
   for (size_t i = 0; i < sizeof(WorkerStatusPage) / sizeof(uint64_t); ++i) {
-    dst[i] = std::atomic_ref<uint64_t>(const_cast<uint64_t&>(src[i])).load(std::memory_order_acquire);
+    dst[i] =
+        std::atomic_ref<uint64_t>(const_cast<uint64_t&>(src[i])).load(std::memory_order_acquire);
   }
   return out;
 }

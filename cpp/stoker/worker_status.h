@@ -30,15 +30,15 @@ constexpr int64_t kNoIndex = INT64_MIN;  // the current index is not an int (or 
 struct WorkerStatusPage {
   uint64_t magic;
   uint64_t pid;
-  uint64_t state;       // WorkerState
-  uint64_t task;        // task being worked on
-  int64_t index;        // dataset index being loaded, or kNoIndex
-  uint64_t since_ns;    // CLOCK_MONOTONIC when `state` was entered
-  uint64_t samples;     // samples loaded
-  uint64_t batches;     // batches sent
-  uint64_t rss_bytes;   // resident memory, read by the worker after each batch
+  uint64_t state;                        // WorkerState
+  uint64_t task;                         // task being worked on
+  int64_t index;                         // dataset index being loaded, or kNoIndex
+  uint64_t since_ns;                     // CLOCK_MONOTONIC when `state` was entered
+  uint64_t samples;                      // samples loaded
+  uint64_t batches;                      // batches sent
+  uint64_t rss_bytes;                    // resident memory, read by the worker after each batch
   uint64_t state_ns[kWorkerStateCount];  // time spent in each state
-  uint64_t bytes_sent;  // bytes of batches written into slots
+  uint64_t bytes_sent;                   // bytes of batches written into slots
 };
 
 // Lock-free single-writer updates (worker) and reads (main), on a page in shared memory.

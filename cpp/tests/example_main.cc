@@ -41,8 +41,8 @@ int RunWorker(int sock) {
 
   stoker::WireEncoder enc;
   enc.AddContainer(stoker::NodeKind::kTuple, 2);
-  stoker::Status st = enc.AddArray(stoker::DType::kFloat32, 0, batch_shape, 2, sources.data(),
-                                   sources.size());
+  stoker::Status st =
+      enc.AddArray(stoker::DType::kFloat32, 0, batch_shape, 2, sources.data(), sources.size());
   if (!st.ok()) return 10;
   enc.AddInt(42);
   const uint64_t bytes = enc.Layout();
@@ -125,9 +125,8 @@ int main() {
         std::printf("\n");
       }
       std::printf("  int: %lld\n", static_cast<long long>(batch.nodes[2].int_value));
-      rc = (shape[0] == kSamples && shape[1] == kFeatures && batch.nodes[2].int_value == 42)
-               ? 0
-               : 1;
+      rc =
+          (shape[0] == kSamples && shape[1] == kFeatures && batch.nodes[2].int_value == 42) ? 0 : 1;
       word.Release();  // the slot goes back to the worker
     }
   } else {

@@ -106,10 +106,10 @@ std::vector<std::vector<uint8_t>> SeedBatches() {
     static int64_t strided_shape[2] = {3, 2};
     static int64_t strided_strides[2] = {4, 12};  // a transposed 2x3 block of f
     static int64_t shape[2] = {4, 3};
-    ArraySource src[3] = {{reinterpret_cast<const uint8_t*>(f), row, nullptr, 1},
-                          {reinterpret_cast<const uint8_t*>(f + 3), strided_shape,
-                           strided_strides, 2},
-                          {reinterpret_cast<const uint8_t*>(f + 9), row, nullptr, 1}};
+    ArraySource src[3] = {
+        {reinterpret_cast<const uint8_t*>(f), row, nullptr, 1},
+        {reinterpret_cast<const uint8_t*>(f + 3), strided_shape, strided_strides, 2},
+        {reinterpret_cast<const uint8_t*>(f + 9), row, nullptr, 1}};
     WireEncoder enc;
     enc.AddContainer(NodeKind::kTuple, 3);
     EXPECT_TRUE(enc.AddArray(DType::kFloat32, 0, shape, 2, src, 3).ok());
@@ -142,18 +142,30 @@ std::vector<std::vector<uint8_t>> SeedBatches() {
 
 uint64_t Interesting(Rng& rng, uint64_t size, uint64_t current) {
   switch (rng.Below(12)) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return size;
-    case 3: return size + 1;
-    case 4: return size - 1;
-    case 5: return UINT32_MAX;
-    case 6: return UINT64_MAX;
-    case 7: return uint64_t{1} << 63;
-    case 8: return current + 1 + rng.Below(128);
-    case 9: return current - 1 - rng.Below(128);
-    case 10: return current ^ (uint64_t{1} << rng.Below(64));
-    default: return rng.Next();
+    case 0:
+      return 0;
+    case 1:
+      return 1;
+    case 2:
+      return size;
+    case 3:
+      return size + 1;
+    case 4:
+      return size - 1;
+    case 5:
+      return UINT32_MAX;
+    case 6:
+      return UINT64_MAX;
+    case 7:
+      return uint64_t{1} << 63;
+    case 8:
+      return current + 1 + rng.Below(128);
+    case 9:
+      return current - 1 - rng.Below(128);
+    case 10:
+      return current ^ (uint64_t{1} << rng.Below(64));
+    default:
+      return rng.Next();
   }
 }
 
@@ -216,8 +228,14 @@ void Mutate(std::vector<uint8_t>& buf, Rng& rng) {
         const uint64_t dims = ReadField(buf, 32, 8);
         const uint64_t count = ReadField(buf, 12, 4);
         const uint64_t off = dims + rng.Below(count + 1) * 8;
-        const int64_t values[] = {-1, 0, 1, INT64_MIN, INT64_MAX, int64_t{1} << 32,
-                                  int64_t{1} << 62, static_cast<int64_t>(rng.Below(64))};
+        const int64_t values[] = {-1,
+                                  0,
+                                  1,
+                                  INT64_MIN,
+                                  INT64_MAX,
+                                  int64_t{1} << 32,
+                                  int64_t{1} << 62,
+                                  static_cast<int64_t>(rng.Below(64))};
         WriteField(buf, off, static_cast<uint64_t>(values[rng.Below(8)]), 8);
         break;
       }
@@ -248,9 +266,8 @@ void Mutate(std::vector<uint8_t>& buf, Rng& rng) {
     if (n.data != nullptr) {
       if (n.data < buf || n.data > buf + size ||
           n.nbytes > static_cast<uint64_t>(buf + size - n.data)) {
-        return ::testing::AssertionFailure()
-               << "node " << i << " data [" << (n.data - buf) << ", +" << n.nbytes
-               << ") outside a buffer of " << size;
+        return ::testing::AssertionFailure() << "node " << i << " data [" << (n.data - buf) << ", +"
+                                             << n.nbytes << ") outside a buffer of " << size;
       }
     }
     if (n.kind == NodeKind::kArray) {
@@ -280,19 +297,17 @@ void Mutate(std::vector<uint8_t>& buf, Rng& rng) {
           const int64_t stride = b.strides(n)[k];
           uint64_t step;
           if (stride < 0 ||
-              (bytes != 0 &&
-               (__builtin_mul_overflow(static_cast<uint64_t>(b.shape(n)[k] - 1),
-                                       static_cast<uint64_t>(stride), &step) ||
-                __builtin_add_overflow(last, step, &last)))) {
+              (bytes != 0 && (__builtin_mul_overflow(static_cast<uint64_t>(b.shape(n)[k] - 1),
+                                                     static_cast<uint64_t>(stride), &step) ||
+                              __builtin_add_overflow(last, step, &last)))) {
             return ::testing::AssertionFailure() << "strided node " << i << " bad strides";
           }
         }
         uint64_t end;
         if (bytes != 0 && (__builtin_add_overflow(last, 1, &end) ||
                            __builtin_mul_overflow(end, itemsize, &end) || end > n.nbytes)) {
-          return ::testing::AssertionFailure()
-                 << "strided node " << i << " reaches element " << last << " of "
-                 << n.nbytes / itemsize;
+          return ::testing::AssertionFailure() << "strided node " << i << " reaches element "
+                                               << last << " of " << n.nbytes / itemsize;
         }
       }
     }
@@ -389,8 +404,7 @@ TEST(WireFuzzTest, MutatedBatchesAreRejectedOrSafe) {
   std::printf("wire fuzz: seed %#llx, %.1f s, %llu iterations, %llu accepted, %llu rejected\n",
               static_cast<unsigned long long>(seed), seconds,
               static_cast<unsigned long long>(iterations),
-              static_cast<unsigned long long>(accepted),
-              static_cast<unsigned long long>(rejected));
+              static_cast<unsigned long long>(accepted), static_cast<unsigned long long>(rejected));
   RecordProperty("iterations", std::to_string(iterations));
   EXPECT_EQ(other, 0u) << "DecodeBatch must report damage as kCorrupt";
   EXPECT_GT(iterations, 1000u);

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import HERE, run_script
+from conftest import HERE
 
 from .test_worker_deaths import SETUP
 

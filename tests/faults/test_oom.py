@@ -12,9 +12,6 @@ from .test_worker_deaths import SETUP
 
 def _make_memory_cgroup(limit_bytes: int):
     """A child memory cgroup of ours with a limit: (directory, procs file), or a skip reason."""
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     text = open("/proc/self/cgroup").read()
     name = f"stoker-oom-test-{uuid.uuid4().hex[:8]}"
     for line in text.splitlines():

@@ -47,8 +47,10 @@ class PySupervisor {
       int slice = 50;
       if (!forever) {
         const double left = deadline - Now();
-        if (left <= 0) slice = 0;
-        else slice = std::min(50, static_cast<int>(std::ceil(left * 1000)));
+        if (left <= 0)
+          slice = 0;
+        else
+          slice = std::min(50, static_cast<int>(std::ceil(left * 1000)));
       }
       SupervisorEvent ev;
       Status st;
@@ -56,7 +58,8 @@ class PySupervisor {
         nb::gil_scoped_release release;
         st = sup_->Wait(slice, &ev);
       }
-      if (st.code() == Code::kInterrupted || (st.ok() && ev.kind == SupervisorEvent::Kind::kTimeout)) {
+      if (st.code() == Code::kInterrupted ||
+          (st.ok() && ev.kind == SupervisorEvent::Kind::kTimeout)) {
         if (PyErr_CheckSignals() != 0) throw nb::python_error();
         if (!forever && Now() >= deadline) return nb::none();
         continue;

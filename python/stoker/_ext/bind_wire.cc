@@ -30,8 +30,7 @@ nb::object DecodeBytes(nb::bytes data) {
 }  // namespace
 
 void register_wire(nb::module_& m) {
-  m.def("encode", &EncodeBytes, nb::arg("obj"), nb::arg("mode"),
-        nb::arg("indices") = nb::none());
+  m.def("encode", &EncodeBytes, nb::arg("obj"), nb::arg("mode"), nb::arg("indices") = nb::none());
   m.def("decode", &DecodeBytes, nb::arg("data"));
   m.attr("MODE_COLLATE") = static_cast<int>(EncodeMode::kCollate);
   m.attr("MODE_CONVERT") = static_cast<int>(EncodeMode::kConvert);

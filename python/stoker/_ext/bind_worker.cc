@@ -6,8 +6,8 @@
 #include "common.h"
 #include "py_encode.h"
 #include "stoker/channel.h"
-#include "stoker/slot_pool.h"
 #include "stoker/segment.h"
+#include "stoker/slot_pool.h"
 #include "stoker/worker_guard.h"
 #include "stoker/worker_status.h"
 
@@ -156,7 +156,8 @@ void register_worker(nb::module_& m) {
       .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
            nb::arg("mode"), nb::arg("indices") = nb::none())
       .def("open_status", &WorkerEndpoint::OpenStatus)
-      .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"), nb::arg("index").none())
+      .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),
+           nb::arg("index").none())
       .def("add_sample", &WorkerEndpoint::AddSample)
       .def("update_rss", &WorkerEndpoint::UpdateRss)
       .def("send_fd", &WorkerEndpoint::SendFd, nb::arg("type"), nb::arg("a"), nb::arg("fd"))

@@ -1,6 +1,5 @@
 // The _stoker extension: one register_<area>() per part of the core it exposes.
 #include "common.h"
-
 #include "stoker/segment.h"
 
 namespace stoker::py {
@@ -13,9 +12,15 @@ void register_wire(nb::module_& m);
   nb::object errors = nb::module_::import_("stoker._errors");
   PyObject* cls;
   switch (st.code()) {
-    case Code::kOutOfMemory: cls = PyExc_MemoryError; break;
-    case Code::kTimeout: cls = PyExc_TimeoutError; break;
-    default: cls = errors.attr("EngineError").ptr(); break;
+    case Code::kOutOfMemory:
+      cls = PyExc_MemoryError;
+      break;
+    case Code::kTimeout:
+      cls = PyExc_TimeoutError;
+      break;
+    default:
+      cls = errors.attr("EngineError").ptr();
+      break;
   }
   PyErr_SetString(cls, st.message().c_str());
   throw nb::python_error();
@@ -72,7 +77,9 @@ DType FromDLPack(nb::dlpack::dtype dt, bool* ok) {
   using C = nb::dlpack::dtype_code;
   const auto code = static_cast<C>(dt.code);
   switch (code) {
-    case C::Bool: if (dt.bits == 8) return DType::kBool; break;
+    case C::Bool:
+      if (dt.bits == 8) return DType::kBool;
+      break;
     case C::Int:
       if (dt.bits == 8) return DType::kInt8;
       if (dt.bits == 16) return DType::kInt16;
@@ -90,12 +97,15 @@ DType FromDLPack(nb::dlpack::dtype dt, bool* ok) {
       if (dt.bits == 32) return DType::kFloat32;
       if (dt.bits == 64) return DType::kFloat64;
       break;
-    case C::Bfloat: if (dt.bits == 16) return DType::kBFloat16; break;
+    case C::Bfloat:
+      if (dt.bits == 16) return DType::kBFloat16;
+      break;
     case C::Complex:
       if (dt.bits == 64) return DType::kComplex64;
       if (dt.bits == 128) return DType::kComplex128;
       break;
-    default: break;
+    default:
+      break;
   }
   *ok = false;
   return DType::kUInt8;
@@ -107,16 +117,33 @@ nb::dlpack::dtype ToDLPack(DType d) {
   dt.lanes = 1;
   dt.bits = static_cast<uint8_t>(DTypeSize(d) * 8);
   switch (d) {
-    case DType::kBool: dt.code = static_cast<uint8_t>(C::Bool); break;
-    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
-      dt.code = static_cast<uint8_t>(C::Int); break;
-    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
-      dt.code = static_cast<uint8_t>(C::UInt); break;
-    case DType::kFloat16: case DType::kFloat32: case DType::kFloat64:
-      dt.code = static_cast<uint8_t>(C::Float); break;
-    case DType::kBFloat16: dt.code = static_cast<uint8_t>(C::Bfloat); break;
-    case DType::kComplex64: case DType::kComplex128:
-      dt.code = static_cast<uint8_t>(C::Complex); break;
+    case DType::kBool:
+      dt.code = static_cast<uint8_t>(C::Bool);
+      break;
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
+      dt.code = static_cast<uint8_t>(C::Int);
+      break;
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
+      dt.code = static_cast<uint8_t>(C::UInt);
+      break;
+    case DType::kFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
+      dt.code = static_cast<uint8_t>(C::Float);
+      break;
+    case DType::kBFloat16:
+      dt.code = static_cast<uint8_t>(C::Bfloat);
+      break;
+    case DType::kComplex64:
+    case DType::kComplex128:
+      dt.code = static_cast<uint8_t>(C::Complex);
+      break;
   }
   return dt;
 }

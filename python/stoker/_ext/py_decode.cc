@@ -14,10 +14,14 @@ class Builder {
   nb::object Next(int depth) {
     const DecodedNode& n = b_.nodes[pos_++];
     switch (n.kind) {
-      case NodeKind::kNone: return nb::none();
-      case NodeKind::kBool: return nb::bool_(n.int_value != 0);
-      case NodeKind::kInt: return nb::int_(n.int_value);
-      case NodeKind::kFloat: return nb::float_(n.float_value);
+      case NodeKind::kNone:
+        return nb::none();
+      case NodeKind::kBool:
+        return nb::bool_(n.int_value != 0);
+      case NodeKind::kInt:
+        return nb::int_(n.int_value);
+      case NodeKind::kFloat:
+        return nb::float_(n.float_value);
       case NodeKind::kStr: {
         PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(n.data),
                                            static_cast<Py_ssize_t>(n.nbytes), "strict");
@@ -33,8 +37,10 @@ class Builder {
         if (v == nullptr) throw nb::python_error();
         return nb::steal(v);
       }
-      case NodeKind::kPickled: return Unpickle(n.data, n.nbytes);
-      case NodeKind::kArray: return Array(n);
+      case NodeKind::kPickled:
+        return Unpickle(n.data, n.nbytes);
+      case NodeKind::kArray:
+        return Array(n);
       case NodeKind::kList:
       case NodeKind::kTuple: {
         PyObject* seq = n.kind == NodeKind::kList ? PyList_New(n.count) : PyTuple_New(n.count);
@@ -86,12 +92,12 @@ class Builder {
       if (n.dtype == DType::kBFloat16) {
         throw std::runtime_error("a bfloat16 tensor cannot be delivered without torch installed");
       }
-      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_,
-                                    b_.strides(n), dt)
+      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_, b_.strides(n),
+                                    dt)
           .cast();
     }
-    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_,
-                                    b_.strides(n), dt)
+    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_, b_.strides(n),
+                                    dt)
         .cast();
   }
 

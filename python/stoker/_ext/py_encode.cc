@@ -28,23 +28,50 @@ bool ParseFormat(const char* f, Py_ssize_t itemsize, DType* out) {
   if (*f == '@' || *f == '=' || *f == '<') ++f;
   if (*f == '>' || *f == '!') return false;  // big-endian data would need a byte swap
   std::string s(f);
-  if (s == "?") { *out = DType::kBool; return itemsize == 1; }
-  if (s == "e") { *out = DType::kFloat16; return itemsize == 2; }
-  if (s == "f") { *out = DType::kFloat32; return itemsize == 4; }
-  if (s == "d") { *out = DType::kFloat64; return itemsize == 8; }
-  if (s == "Zf") { *out = DType::kComplex64; return itemsize == 8; }
-  if (s == "Zd") { *out = DType::kComplex128; return itemsize == 16; }
+  if (s == "?") {
+    *out = DType::kBool;
+    return itemsize == 1;
+  }
+  if (s == "e") {
+    *out = DType::kFloat16;
+    return itemsize == 2;
+  }
+  if (s == "f") {
+    *out = DType::kFloat32;
+    return itemsize == 4;
+  }
+  if (s == "d") {
+    *out = DType::kFloat64;
+    return itemsize == 8;
+  }
+  if (s == "Zf") {
+    *out = DType::kComplex64;
+    return itemsize == 8;
+  }
+  if (s == "Zd") {
+    *out = DType::kComplex128;
+    return itemsize == 16;
+  }
   if (s.size() != 1) return false;
   const char c = s[0];
   const bool is_signed = c == 'b' || c == 'h' || c == 'i' || c == 'l' || c == 'q' || c == 'n';
   const bool is_unsigned = c == 'B' || c == 'H' || c == 'I' || c == 'L' || c == 'Q' || c == 'N';
   if (!is_signed && !is_unsigned) return false;
   switch (itemsize) {
-    case 1: *out = is_signed ? DType::kInt8 : DType::kUInt8; return true;
-    case 2: *out = is_signed ? DType::kInt16 : DType::kUInt16; return true;
-    case 4: *out = is_signed ? DType::kInt32 : DType::kUInt32; return true;
-    case 8: *out = is_signed ? DType::kInt64 : DType::kUInt64; return true;
-    default: return false;
+    case 1:
+      *out = is_signed ? DType::kInt8 : DType::kUInt8;
+      return true;
+    case 2:
+      *out = is_signed ? DType::kInt16 : DType::kUInt16;
+      return true;
+    case 4:
+      *out = is_signed ? DType::kInt32 : DType::kUInt32;
+      return true;
+    case 8:
+      *out = is_signed ? DType::kInt64 : DType::kUInt64;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -306,10 +333,10 @@ bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path,
         column[i] = PyDict_GetItemWithError(s[i], key);
         if (column[i] == nullptr) {
           if (PyErr_Occurred()) throw nb::python_error();
-          const std::string msg = SampleName(i) + " has no key " + Repr(key) + " that " +
-                                  SampleName(0) + " has (at " +
-                                  (mark == 0 ? std::string("the top level") : path.substr(0, mark)) +
-                                  "); every sample of a batch must have the same keys";
+          const std::string msg =
+              SampleName(i) + " has no key " + Repr(key) + " that " + SampleName(0) + " has (at " +
+              (mark == 0 ? std::string("the top level") : path.substr(0, mark)) +
+              "); every sample of a batch must have the same keys";
           PyErr_SetObject(PyExc_KeyError, nb::str(msg.c_str()).ptr());
           throw nb::python_error();
         }
@@ -342,11 +369,10 @@ bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path,
     for (Py_ssize_t f = 0; f < len; ++f) {
       for (size_t i = 0; i < n; ++i) column[i] = PyTuple_GET_ITEM(s[i], f);
       const size_t mark = path.size();
-      path += "." + std::string(PyUnicode_AsUTF8(PyTuple_GET_ITEM(
-                        nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(first)))
-                            .attr("_fields")
-                            .ptr(),
-                        f)));
+      path +=
+          "." +
+          std::string(PyUnicode_AsUTF8(PyTuple_GET_ITEM(
+              nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(first))).attr("_fields").ptr(), f)));
       if (!Collate(column, path, depth + 1, true)) return false;
       path.resize(mark);
     }
@@ -443,7 +469,8 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
     wire_.AddBytes(PyBytes_AS_STRING(obj), static_cast<size_t>(PyBytes_GET_SIZE(obj)));
     return true;
   }
-  if (T.torch_tensor != nullptr && Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(T.torch_tensor)) {
+  if (T.torch_tensor != nullptr &&
+      Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(T.torch_tensor)) {
     View v;
     if (ViewTensor(obj, &v)) return AddSingle(v, 0);
     Pickle(obj);
@@ -485,8 +512,8 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
     return true;
   }
   if (IsNamedTuple(obj)) {
-    PyObject* blob = PyObject_CallOneArg(Types().pickle_dumps.ptr(),
-                                         reinterpret_cast<PyObject*>(Py_TYPE(obj)));
+    PyObject* blob =
+        PyObject_CallOneArg(Types().pickle_dumps.ptr(), reinterpret_cast<PyObject*>(Py_TYPE(obj)));
     if (blob != nullptr) {
       std::string type_bytes(PyBytes_AS_STRING(blob), PyBytes_GET_SIZE(blob));
       Py_DECREF(blob);

@@ -20,9 +20,10 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
   nb::object lease = nb::cast(new SlotLease{segment, shared}, nb::rv_policy::take_ownership);
   if (!st.ok()) {
     RaiseStoker("CorruptBatchError",
-                st.message() + ". A worker wrote something into its shared-memory slot that is "
-                               "not a valid batch (a memory bug in a C extension used by the "
-                               "dataset?). The batch was dropped; the main process is unharmed.");
+                st.message() +
+                    ". A worker wrote something into its shared-memory slot that is "
+                    "not a valid batch (a memory bug in a C extension used by the "
+                    "dataset?). The batch was dropped; the main process is unharmed.");
   }
   return BuildBatch(batch, lease);
 }
@@ -31,11 +32,15 @@ nb::object PendingBatch::Decode() {
   if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
   consumed = true;
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
-  if (reinterpret_cast<SlotHeader*>(segment->data())->magic != kSlotMagic || !word.Lend(generation)) {
+  if (reinterpret_cast<SlotHeader*>(segment->data())->magic != kSlotMagic ||
+      !word.Lend(generation)) {
     RaiseStoker("CorruptBatchError",
-                "worker " + std::to_string(worker) + " announced a batch in a slot that is not "
-                "ready (state '" + SlotStateName(word.state()) + "'): its shared memory was "
-                "overwritten. The batch was dropped; the main process is unharmed.");
+                "worker " + std::to_string(worker) +
+                    " announced a batch in a slot that is not "
+                    "ready (state '" +
+                    SlotStateName(word.state()) +
+                    "'): its shared memory was "
+                    "overwritten. The batch was dropped; the main process is unharmed.");
   }
   return DecodeInto(segment, kSlotHeaderSize, nbytes, true);
 }
@@ -44,8 +49,7 @@ void PendingBatch::Discard() {
   if (consumed || !segment) return;
   consumed = true;
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
-  if (word.generation() == generation &&
-      word.state() == static_cast<uint32_t>(SlotState::kReady)) {
+  if (word.generation() == generation && word.state() == static_cast<uint32_t>(SlotState::kReady)) {
     word.Release();
   }
 }
