@@ -41,8 +41,11 @@ test-py: install
 demo: install
 	$(VPY) examples/demo.py
 
+# Peers are optional: each is installed when PyPI has it for this machine, skipped otherwise.
 bench: install
-	$(VPY) -m stoker bench
+	$(VPY) -m pip install -q matplotlib || true
+	$(VPY) -m pip install -q --no-deps torchdata || true
+	$(VPY) -m stoker bench --plot docs/throughput.png --json build/bench.json
 
 fuzz: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF

@@ -30,6 +30,36 @@ void CopyRec(uint8_t*& dst, const uint8_t* src, const int64_t* shape, const int6
   }
 }
 
+template <size_t N>
+void CopyElements(uint8_t* dst, const uint8_t* src, int64_t n, int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * N, src + i * stride, N);
+}
+
+void CopyRow(uint8_t* dst, const uint8_t* src, int64_t n, int64_t stride, size_t itemsize) {
+  switch (itemsize) {
+    case 1: return CopyElements<1>(dst, src, n, stride);
+    case 2: return CopyElements<2>(dst, src, n, stride);
+    case 4: return CopyElements<4>(dst, src, n, stride);
+    case 8: return CopyElements<8>(dst, src, n, stride);
+    case 16: return CopyElements<16>(dst, src, n, stride);
+    default:
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * itemsize, src + i * stride, itemsize);
+  }
+}
+
+// Dims [d, last) recursively; dim `last` (the innermost) one strided row at a time.
+void StridedRows(uint8_t*& out, const uint8_t* src, const int64_t* shape, const int64_t* strides,
+                 int d, int last, size_t itemsize) {
+  if (d == last) {
+    CopyRow(out, src, shape[d], strides[d], itemsize);
+    out += static_cast<size_t>(shape[d]) * itemsize;
+    return;
+  }
+  for (int64_t i = 0; i < shape[d]; ++i) {
+    StridedRows(out, src + i * strides[d], shape, strides, d + 1, last, itemsize);
+  }
+}
+
 }  // namespace
 
 size_t CopyToContiguous(uint8_t* dst, const uint8_t* src, const int64_t* shape,
@@ -53,26 +83,10 @@ size_t CopyToContiguous(uint8_t* dst, const uint8_t* src, const int64_t* shape,
     --inner_dim;
   }
   if (inner_bytes == itemsize && inner_dim == ndim && ndim > 0) {
-    // Innermost dim is strided: copy element by element along it.
-    const int d = ndim - 1;
+    // The innermost dim is strided (a permuted tensor, say HWC -> CHW): copy it element by
+    // element with fixed-size copies the compiler turns into single loads and stores.
     uint8_t* out = dst;
-    // Walk outer dims recursively, inner dim elementwise.
-    struct Walker {
-      static void Run(uint8_t*& out, const uint8_t* src, const int64_t* shape,
-                      const int64_t* strides, int d, int last, size_t itemsize) {
-        if (d == last) {
-          for (int64_t i = 0; i < shape[d]; ++i) {
-            std::memcpy(out, src + i * strides[d], itemsize);
-            out += itemsize;
-          }
-          return;
-        }
-        for (int64_t i = 0; i < shape[d]; ++i) {
-          Run(out, src + i * strides[d], shape, strides, d + 1, last, itemsize);
-        }
-      }
-    };
-    Walker::Run(out, src, shape, strides, 0, d, itemsize);
+    StridedRows(out, src, shape, strides, 0, ndim - 1, itemsize);
     return total;
   }
   uint8_t* out = dst;

@@ -17,6 +17,7 @@ from ._errors import (
 )
 from ._info import get_worker_info
 from ._loader import DataLoader
+from ._shared_list import SharedList
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ __all__ = [
     "CollateError",
     "CorruptBatchError",
     "DataLoader",
+    "SharedList",
     "EngineError",
     "WorkerCrashed",
     "WorkerError",

@@ -503,9 +503,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
         self._record_skip(index, reason)
 
     def _record_skip(self, index, reason: str) -> None:
-        rec = SkippedSample(index, reason, self._state.epoch)
-        self._state.skipped.append(rec)
-        log.warning("stoker: skipped dataset index %r: %s", index, reason)
+        self._state.record_skip(SkippedSample(index, reason, self._state.epoch))
 
     def _indices_of(self, tasks, index):
         if index is not None:

@@ -29,6 +29,16 @@ class _LoaderState:
     deaths: list = field(default_factory=list)       # _deaths.Death records
     death_counts: dict = field(default_factory=dict)  # dataset index -> deaths while loading it
     quarantined: set = field(default_factory=set)
+    logged: set = field(default_factory=set)  # indices whose skip was logged already
+
+    def record_skip(self, rec: SkippedSample) -> None:
+        """Keeps the record; logs each index once, however many epochs skip it."""
+        from ._iterator import _key, log
+
+        self.skipped.append(rec)
+        if _key(rec.index) not in self.logged:
+            self.logged.add(_key(rec.index))
+            log.warning("stoker: skipped dataset index %r: %s", rec.index, rec.reason)
 
 
 class DataLoader(torch.utils.data.DataLoader):
@@ -121,14 +131,11 @@ class _PolicyFetcher:
         self.state = loader._stoker_state
 
     def fetch(self, index):
-        from ._iterator import log
-
         try:
             data = self.fetcher.fetch(index)
         finally:
             for i, reason in self.fetcher.skipped:
-                self.state.skipped.append(SkippedSample(i, reason, self.state.epoch))
-                log.warning("stoker: skipped dataset index %r: %s", i, reason)
+                self.state.record_skip(SkippedSample(i, reason, self.state.epoch))
         return self.collate_fn(data)
 
 

@@ -33,6 +33,8 @@ struct PyTypes {
   PyObject* torch_tensor = nullptr;
   nb::object pickle_dumps, pickle_loads;
   nb::object torch_from_dlpack;  // torch.utils.dlpack.from_dlpack, when torch is loaded
+  PyObject* torch_strided = nullptr;  // torch.strided
+  nb::dict torch_dtypes;              // torch.dtype -> int(DType), the ones the wire carries
   bool torch_output = false;     // deliver torch tensors (torch importable in this process)
 };
 PyTypes& Types();

@@ -46,6 +46,7 @@ class PyBatchEncoder {
   void Pickle(PyObject* obj);
   bool ViewNumpy(PyObject* obj, View* v);
   bool ViewTensor(PyObject* obj, View* v);
+  bool ViewTensorDLPack(PyObject* obj, View* v);
   bool AddStacked(const std::vector<View>& views, uint8_t flags, bool stacked);
   // One array handed over as it is: keeps its strides when that costs little memory.
   bool AddSingle(const View& v, uint8_t flags);

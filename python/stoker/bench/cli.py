@@ -1,0 +1,164 @@
+"""``stoker bench``: every workload, stoker against torch's DataLoader (and installed peers),
+alternating the loaders round after round; every figure is a median, every ratio is taken
+between runs of the same round."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from . import harness, peers
+from .workloads import WORKLOADS
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _median(rows, key):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def bench(workloads, loaders, workers, rounds, progress=True):
+    runs = []
+    total = len(workloads) * len(loaders) * rounds
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc="stoker bench", unit="run", file=sys.stderr)
+        except ImportError:
+            bar = None
+    for r in range(rounds):
+        for wl in workloads:
+            for who in loaders:  # A B A B: the same order every round
+                if WORKLOADS[wl].measure_memory and who != "torchdata":
+                    res = harness.run_with_memory_baseline(who, wl, workers)
+                else:
+                    res = harness.run(who, wl, workers)
+                res["round"] = r
+                runs.append(res)
+                if bar:
+                    bar.set_postfix_str(f"{wl}/{who}")
+                    bar.update(1)
+    if bar:
+        bar.close()
+    return runs
+
+
+def summarize(runs, workloads, loaders):
+    table = []
+    for wl in workloads:
+        torch_rows = {r["round"]: r for r in runs
+                      if r["workload"] == wl and r["loader"] == "torch" and "error" not in r}
+        for who in loaders:
+            rows = [r for r in runs if r["workload"] == wl and r["loader"] == who]
+            ok = [r for r in rows if "error" not in r]
+            if not ok:
+                table.append({"workload": wl, "loader": who,
+                              "error": rows[0]["error"] if rows else "not run"})
+                continue
+            ratios = [r["samples_per_s"] / torch_rows[r["round"]]["samples_per_s"]
+                      for r in ok if r["round"] in torch_rows
+                      and torch_rows[r["round"]]["samples_per_s"] > 0]
+            table.append({
+                "workload": wl,
+                "loader": who,
+                "workers": ok[0]["workers"],
+                "samples_per_s": _median(ok, "samples_per_s"),
+                "ratio_vs_torch": statistics.median(ratios) if ratios else None,
+                "main_cpu_ms_per_batch": _median(ok, "main_cpu_ms_per_batch"),
+                "pss_total_mb": _median(ok, "pss_total_mb"),
+                "pss_single_process_mb": _median(ok, "pss_single_process_mb"),
+                "syscalls_per_batch": _median(ok, "syscalls_per_batch"),
+                "time_to_first_batch_s": _median(ok, "time_to_first_batch_s"),
+                "batch_mb": _median(ok, "batch_bytes") / 2**20,
+            })
+    return table
+
+
+def print_table(table, out=sys.stdout):
+    head = (f"{'workload':9} {'loader':10} {'samples/s':>10} {'vs torch':>9} {'main ms/b':>10} "
+            f"{'PSS MB':>8} {'PSS/1proc':>9} {'rw sys/b':>9} {'1st batch':>10}")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for row in table:
+        if "error" in row:
+            print(f"{row['workload']:9} {row['loader']:10} skipped: {row['error']}", file=out)
+            continue
+        pss_ratio = None
+        if row["pss_total_mb"] and row["pss_single_process_mb"]:
+            pss_ratio = row["pss_total_mb"] / row["pss_single_process_mb"]
+        print(
+            f"{row['workload']:9} {row['loader']:10} {_fmt(row['samples_per_s'], '10.0f')} "
+            f"{_fmt(row['ratio_vs_torch'], '8.2f')}x {_fmt(row['main_cpu_ms_per_batch'], '10.2f')} "
+            f"{_fmt(row['pss_total_mb'], '8.0f')} {_fmt(pss_ratio, '8.2f')}x "
+            f"{_fmt(row['syscalls_per_batch'], '9.1f')} "
+            f"{_fmt(row['time_to_first_batch_s'] * 1e3, '8.0f')}ms",
+            file=out,
+        )
+
+
+def plot(path, workers_list, loaders, workload="image"):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for who in loaders:
+        ys = []
+        for w in workers_list:
+            res = harness.run(who, workload, w)
+            ys.append(res.get("samples_per_s", 0.0))
+        ax.plot(workers_list, ys, marker="o", label=who)
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("samples/s")
+    ax.set_title(f"'{workload}' workload: throughput against num_workers")
+    ax.set_xticks(workers_list)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="stoker bench", description=__doc__)
+    ap.add_argument("--workers", type=int, default=2, help="num_workers (metadata uses 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of A/B alternation")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated, from {','.join(WORKLOADS)}")
+    ap.add_argument("--no-peers", action="store_true", help="only stoker and torch")
+    ap.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
+    ap.add_argument("--plot", metavar="FILE.png",
+                    help="also sweep num_workers 1..4 on 'image' and plot throughput")
+    args = ap.parse_args(argv)
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workloads: {unknown}")
+    loaders = ["torch", "stoker"]
+    skipped = []
+    if not args.no_peers:
+        for p in peers.PEERS:
+            ok, why = peers.available(p)
+            if ok:
+                loaders.append(p)
+            else:
+                skipped.append((p, why))
+    runs = bench(workloads, loaders, args.workers, args.rounds)
+    table = summarize(runs, workloads, loaders)
+    print_table(table)
+    for p, why in skipped:
+        print(f"peer {p} skipped: {why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": runs, "summary": table, "skipped_peers": skipped}, f, indent=1)
+    if args.plot:
+        plot(args.plot, [1, 2, 3, 4], loaders)
+        print(f"plot written to {args.plot}")
+    return 0

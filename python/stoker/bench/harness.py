@@ -1,0 +1,180 @@
+"""Runs one loader on one workload in a fresh process and measures what the user pays.
+
+Per run: samples/s (after the first batch), time to the first batch, main-process CPU seconds
+per batch, total PSS of the main process and its workers (psutil, sampled at the middle of the
+run), read/write system calls per batch (main and workers, /proc/PID/io) and batch bytes. The
+consumer copies every tensor of every batch into a preallocated buffer, as a host-to-device copy
+would read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def _tensors(obj, out):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors(v, out)
+    return out
+
+
+class Consumer:
+    """Copies each tensor into a buffer kept per position (grown when a batch is larger)."""
+
+    def __init__(self):
+        self.buffers = {}
+        self.bytes = 0
+
+    def __call__(self, batch) -> int:
+        n = 0
+        for k, t in enumerate(_tensors(batch, [])):
+            buf = self.buffers.get(k)
+            if buf is None or buf.numel() < t.numel() or buf.dtype != t.dtype:
+                buf = self.buffers[k] = t.new_empty(t.numel())
+            buf[: t.numel()].copy_(t.reshape(-1))
+            n += t.numel() * t.element_size()
+        self.bytes += n
+        return n
+
+
+def _io_syscalls(pids) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                for line in f:
+                    if line.startswith(("syscr:", "syscw:")):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def _pss(proc) -> int:
+    total = 0
+    for p in [proc] + proc.children(recursive=True):
+        try:
+            total += p.memory_full_info().pss
+        except Exception:
+            pass
+    return total
+
+
+def make_loader(who, dataset, workload, workers):
+    import torch
+
+    kwargs = dict(batch_size=workload.batch_size, num_workers=workers, shuffle=True,
+                  generator=torch.Generator().manual_seed(0))
+    if workload.collate_fn is not None:
+        kwargs["collate_fn"] = workload.collate_fn
+    if who == "stoker":
+        import stoker
+
+        return stoker.DataLoader(dataset, **kwargs)
+    if who == "torch":
+        return torch.utils.data.DataLoader(dataset, **kwargs)
+    from . import peers
+
+    return peers.make(who, dataset, kwargs)
+
+
+def run_in_process(who: str, workload_name: str, workers: int) -> dict:
+    import gc
+
+    import psutil
+
+    from .workloads import WORKLOADS
+
+    import torch
+
+    # One thread for the consumer's copies, as one thread drives host-to-device copies: intra-op
+    # threads would otherwise spin between batches and steal the workers' cores.
+    torch.set_num_threads(1)
+    wl = WORKLOADS[workload_name]
+    workers = wl.workers if (wl.workers and workers != 0) else workers
+    me = psutil.Process()
+    dataset = wl.make(who)
+    gc.collect()
+    base_pss = me.memory_full_info().pss
+    loader = make_loader(who, dataset, wl, workers)
+    consume = Consumer()
+    t0 = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    ttfb = time.perf_counter() - t0
+    consume(first)
+    del first
+    pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+    sys0 = _io_syscalls(pids)
+    cpu0 = time.process_time()
+    t1 = time.perf_counter()
+    batches, samples, pss, sys_mid = 0, 0, 0, 0
+    expected = max(1, wl.samples // wl.batch_size - 1)
+    for batch in it:
+        n = consume(batch)
+        del batch
+        batches += 1
+        samples += wl.batch_size
+        if batches == max(1, expected // 2):
+            pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+            sys_mid = _io_syscalls(pids)
+        if batches == expected:  # the last batch: every worker has touched what it will
+            pss = _pss(me)
+    elapsed = time.perf_counter() - t1
+    cpu = time.process_time() - cpu0
+    del it, loader
+    return {
+        "loader": who,
+        "workload": workload_name,
+        "workers": workers,
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "time_to_first_batch_s": ttfb,
+        "main_cpu_ms_per_batch": 1e3 * cpu / max(1, batches),
+        "pss_total_mb": pss / 2**20,
+        # replaced by a num_workers=0 run's PSS where the workload measures memory
+        "pss_single_process_mb": base_pss / 2**20,
+        "syscalls_per_batch": (sys_mid - sys0) / max(1, expected // 2) if batches else None,
+        "batch_bytes": n if batches else 0,
+        "batches": batches,
+    }
+
+
+def run_with_memory_baseline(who: str, workload: str, workers: int) -> dict:
+    """A run, plus the same loader with num_workers=0 (one process doing all the work), whose
+    PSS is the baseline the workers' total is compared with."""
+    res = run(who, workload, workers)
+    single = run(who, workload, 0)
+    if "error" not in res and "error" not in single:
+        res["pss_single_process_mb"] = single["pss_total_mb"]
+    return res
+
+
+def run(who: str, workload: str, workers: int, timeout: float = 300) -> dict:
+    """One measured run in a fresh interpreter, so runs cannot disturb each other."""
+    code = (
+        "import json, sys; from stoker.bench.harness import run_in_process; "
+        f"print('RESULT', json.dumps(run_in_process({who!r}, {workload!r}, {workers})))"
+    )
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"loader": who, "workload": workload, "error": f"timed out after {timeout} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"loader": who, "workload": workload, "error": err}
