@@ -7,13 +7,13 @@ DEPS     := $(VENV)/.deps-stamp
 CPPBUILD := build/cpp
 JOBS     ?= 2
 
-PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm nanobind scikit-build-core cmake ninja ruff
+PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 
 .PHONY: all demo test test-cpp test-py bench lint format fuzz install sysdeps clean
 
 all: install
 
-$(DEPS): pyproject.toml
+$(DEPS): pyproject.toml Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q $(PY_DEPS)
 	touch $@

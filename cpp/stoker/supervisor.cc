@@ -92,6 +92,7 @@ void Supervisor::RemoveWorker(int worker) {
   for (int fd : w.logs) {
     if (fd >= 0) close(fd);
   }
+  if (w.status_fd >= 0) close(w.status_fd);
   workers_.erase(it);  // slot mappings die with their last holder
 }
 
@@ -154,9 +155,14 @@ Status Supervisor::Absorb(int id, Worker& w, Message& m, bool* consumed, Supervi
       if (m.fd < 0) return Status::OK();
       std::unique_ptr<Segment> seg;
       Status st = Segment::Map(m.fd, &seg);
-      close(m.fd);
+      if (st.ok() && seg->size() >= sizeof(WorkerStatusPage)) {
+        w.status = std::move(seg);
+        if (w.status_fd >= 0) close(w.status_fd);
+        w.status_fd = m.fd;
+      } else {
+        close(m.fd);
+      }
       m.fd = -1;
-      if (st.ok() && seg->size() >= sizeof(WorkerStatusPage)) w.status = std::move(seg);
       return Status::OK();
     }
     case MessageType::kLogFile: {
@@ -283,6 +289,7 @@ std::vector<int> Supervisor::OwnedFds() const {
     for (int fd : kv.second.logs) {
       if (fd >= 0) fds.push_back(fd);
     }
+    if (kv.second.status_fd >= 0) fds.push_back(kv.second.status_fd);
   }
   return fds;
 }
@@ -326,6 +333,26 @@ Status Supervisor::Signal(int worker, int signum) {
     return Status::FromErrno("pidfd_send_signal", errno);
   }
   return Status::OK();
+}
+
+SlotUsage Supervisor::slot_usage() const {
+  SlotUsage u;
+  for (const auto& kv : workers_) {
+    for (const auto& s : kv.second.slots) {
+      const Segment& seg = *s.second;
+      ++u.slots;
+      u.mapped_bytes += seg.size();
+      const uint32_t state = SlotWord(reinterpret_cast<SlotHeader*>(seg.data())).state();
+      if (state == static_cast<uint32_t>(SlotState::kLent)) {
+        ++u.lent;
+        u.lent_bytes += seg.size();
+      } else if (state == static_cast<uint32_t>(SlotState::kReady)) {
+        ++u.ready;
+        u.ready_bytes += seg.size();
+      }
+    }
+  }
+  return u;
 }
 
 size_t Supervisor::mapped_slot_count() const {

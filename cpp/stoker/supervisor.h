@@ -29,6 +29,16 @@ struct WorkerExit {
   bool core_dumped = false;
 };
 
+// What the slots of the live workers hold right now (states read from their headers).
+struct SlotUsage {
+  size_t slots = 0;
+  uint64_t mapped_bytes = 0;
+  size_t lent = 0;           // held by the user as tensor views
+  uint64_t lent_bytes = 0;
+  size_t ready = 0;          // written, waiting in the main process
+  uint64_t ready_bytes = 0;
+};
+
 struct SupervisorEvent {
   enum class Kind { kTimeout, kMessage, kDied };
   Kind kind = Kind::kTimeout;
@@ -68,6 +78,7 @@ class Supervisor {
   std::vector<int> OwnedFds() const;
   int worker_count() const { return static_cast<int>(workers_.size()); }
   size_t mapped_slot_count() const;
+  SlotUsage slot_usage() const;
 
  private:
   struct Worker {
@@ -79,6 +90,7 @@ class Supervisor {
     bool death_reported = false;
     std::map<uint32_t, std::shared_ptr<Segment>> slots;
     std::shared_ptr<Segment> status;  // the worker's status page
+    int status_fd = -1;  // kept open: `stoker top` finds the page through /proc/PID/fd
     int logs[2] = {-1, -1};           // LogKind -> memfd
   };
   explicit Supervisor(int epfd) : epfd_(epfd) {}

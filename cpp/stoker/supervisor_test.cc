@@ -637,7 +637,7 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
     int page_fd = -1;
     if (!Segment::Create("status", sizeof(WorkerStatusPage), &page_seg, &page_fd).ok()) return 10;
     auto* page = reinterpret_cast<WorkerStatusPage*>(page_seg->data());
-    WorkerStatusWriter::Initialize(page, static_cast<uint64_t>(getpid()));
+    WorkerStatusWriter::Initialize(page, static_cast<uint64_t>(getpid()), 0, 7);
     WorkerStatusWriter writer(page);
     writer.Enter(WorkerState::kFetching, 5, 42);
     const int log_fd = memfd_create("log", MFD_CLOEXEC);
@@ -674,7 +674,9 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 6), "line2\n");
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kCrash, 1000), "");
   EXPECT_EQ(sup_->ReadLog(99, LogKind::kStderr, 1000), "");
-  EXPECT_EQ(sup_->OwnedFds().size(), 4u);  // epoll, socket, pidfd, one log; the junk fd closed
+  // epoll, socket, pidfd, one log and the status page (kept for readers in other processes);
+  // the junk fd was closed
+  EXPECT_EQ(sup_->OwnedFds().size(), 5u);
 
   ASSERT_TRUE(sup_->Send(15, Header(MessageType::kTask), nullptr, 0).ok());
   ev = Next();

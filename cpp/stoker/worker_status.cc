@@ -30,9 +30,12 @@ const char* WorkerStateName(uint64_t state) {
   return "unknown";
 }
 
-void WorkerStatusWriter::Initialize(WorkerStatusPage* page, uint64_t pid) {
+void WorkerStatusWriter::Initialize(WorkerStatusPage* page, uint64_t pid, uint64_t worker_id,
+                                    uint64_t loader_token) {
   std::memset(page, 0, sizeof(*page));
   page->pid = pid;
+  page->worker_id = worker_id;
+  page->loader_token = loader_token;
   page->index = kNoIndex;
   page->since_ns = MonotonicNs();
   std::atomic_ref<uint64_t>(page->magic).store(kStatusMagic, std::memory_order_release);

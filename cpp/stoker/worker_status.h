@@ -39,13 +39,16 @@ struct WorkerStatusPage {
   uint64_t rss_bytes;                    // resident memory, read by the worker after each batch
   uint64_t state_ns[kWorkerStateCount];  // time spent in each state
   uint64_t bytes_sent;                   // bytes of batches written into slots
+  uint64_t worker_id;                    // the worker's number in its loader
+  uint64_t loader_token;                 // names its loader, for readers in other processes
 };
 
 // Lock-free single-writer updates (worker) and reads (main), on a page in shared memory.
 class WorkerStatusWriter {
  public:
   explicit WorkerStatusWriter(WorkerStatusPage* page) : p_(page) {}
-  static void Initialize(WorkerStatusPage* page, uint64_t pid);
+  static void Initialize(WorkerStatusPage* page, uint64_t pid, uint64_t worker_id,
+                         uint64_t loader_token);
   // Enters `state`; the time spent in the previous state is added to its counter.
   void Enter(WorkerState state, uint64_t task, int64_t index);
   void AddSample() { Add(&p_->samples, 1); }

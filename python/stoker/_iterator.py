@@ -17,13 +17,14 @@ import os
 import signal
 import time
 import warnings
+import weakref
 
 import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import _cgroup, _deaths, _fdpass, _protocol, _stoker, _worker
+from . import _board, _cgroup, _deaths, _fdpass, _protocol, _stoker, _worker
 from ._errors import BatchEncodingError, CollateError, EngineError, WorkerCrashed, WorkerHung
 from ._fetch import SkippedSample
 from ._protocol import (
@@ -45,6 +46,9 @@ log = logging.getLogger("stoker")
 _EXIT_GRACE_S = 1.0
 # How often worker status pages are checked for hangs (at most).
 _HANG_CHECK_S = 0.1
+# The data-stall notice looks every this many batches, once the loop has run this long.
+_STALL_CHECK_BATCHES = 20
+_STALL_MIN_S = 2.0
 
 
 class _End:
@@ -169,6 +173,9 @@ class MultiProcessIter(_BaseDataLoaderIter):
         self._last_hang_check = 0.0
         self._task_index: dict[int, object] = {}  # task -> what the sampler yielded, to re-issue
         self._oom_before = _cgroup.oom_kills()
+        self._restarts_by_worker = [0] * self._num_workers
+        self._state.iterator = weakref.ref(self)
+        self._board = _board.Board(self._num_workers)
         self._start_workers()
         self._reset(loader, first_iter=True)
 
@@ -208,6 +215,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     os.getpid() if method != "forkserver" else 0,
                     self._opts["on_error"],
                     self._opts["max_retries"],
+                    self._board.token,
                 ),
                 daemon=True,
             )
@@ -244,6 +252,14 @@ class MultiProcessIter(_BaseDataLoaderIter):
         super()._reset(loader, first_iter)
         self._state.epoch += 1
         self._restarts = 0
+        self._yielded = 0
+        self._waited_s = 0.0
+        self._started_at = None  # when the loop first asked for a batch this epoch
+        self._stall_noted = False
+        self._board.set("epoch", self._state.epoch)
+        self._board.set("batches_yielded", 0)
+        self._board.set("waited_ns", 0)
+        self._board.set("started_ns", 0)
         self._send_idx = 0
         self._rcvd_idx = 0
         self._task_info: dict = {}
@@ -438,6 +454,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
         death = _deaths.Death(worker_id, pid, _deaths.signal_name(signum) if signum else None,
                               None if signum else exit_code, cause, index, self._state.epoch, tasks)
         self._state.deaths.append(death)
+        self._board.add("deaths")
 
         def crashed(message):
             self._shutdown_workers()
@@ -477,6 +494,8 @@ class MultiProcessIter(_BaseDataLoaderIter):
                 f"of max_restarts={budget}. Deaths this epoch:\n{history}"
             )
         self._restarts += 1
+        self._restarts_by_worker[worker_id] += 1
+        self._board.add("restarts")
         self._restart(worker_id, tasks)
         log.warning(
             "stoker: DataLoader worker %d (pid %s) %s%s; restarted it (%d of %d restarts this "
@@ -503,6 +522,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
         self._record_skip(index, reason)
 
     def _record_skip(self, index, reason: str) -> None:
+        self._board.add("skipped")
         self._state.record_skip(SkippedSample(index, reason, self._state.epoch))
 
     def _indices_of(self, tasks, index):
@@ -527,6 +547,15 @@ class MultiProcessIter(_BaseDataLoaderIter):
             self._task_index.pop(task, None)
 
     def _get_data(self):
+        t = time.monotonic()
+        try:
+            return self._receive()
+        finally:
+            waited = time.monotonic() - t
+            self._waited_s += waited
+            self._board.add("waited_ns", int(waited * 1e9))
+
+    def _receive(self):
         while True:
             ev = self._wait()
             _, worker_id, mtype, task, a, b, c, payload, pending = ev
@@ -598,6 +627,72 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     continue
                 return out
 
+    def __next__(self):
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+            self._board.set("started_ns", _board.now_ns())
+        batch = super().__next__()
+        self._yielded += 1
+        self._board.add("batches_yielded")
+        if not self._stall_noted and self._yielded % _STALL_CHECK_BATCHES == 0:
+            self._note_stall()
+        return batch
+
+    def _note_stall(self) -> None:
+        """One log line when the training loop waits for data more than `stall_notice` of the
+        time, naming the stage the workers spend most time in."""
+        share = self._opts.get("stall_notice")
+        elapsed = time.monotonic() - self._started_at
+        if share is None or elapsed < _STALL_MIN_S or self._waited_s / elapsed < share:
+            return
+        self._stall_noted = True
+        totals: dict = {}
+        for w in range(self._num_workers):
+            st = self._sup.status(w) if self._sup.has_worker(w) else None
+            for k, v in (st or {}).get("seconds_in", {}).items():
+                totals[k] = totals.get(k, 0.0) + v
+        busy = {k: totals.get(k, 0.0) for k in ("loading", "collating", "encoding")}
+        total = sum(busy.values()) or 1.0
+        slowest = max(busy, key=busy.get)
+        names = {"loading": "__getitem__ (loading samples)", "collating": "collate_fn",
+                 "encoding": "writing batches into shared memory"}
+        split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in busy.items())
+        log.warning(
+            "stoker: the training loop waited for data %.0f%% of the time over %d batches: the "
+            "data is the bottleneck. Workers spend most of their time in %s (%s). More "
+            "num_workers (this process may use %d CPUs), cheaper samples or a larger "
+            "prefetch_factor would help.", 100 * self._waited_s / elapsed, self._yielded,
+            names[slowest], split, len(os.sched_getaffinity(0)),
+        )
+
+    def stats(self) -> dict:
+        now = time.monotonic()
+        elapsed = (now - self._started_at) if self._started_at else 0.0
+        workers = []
+        for w in range(self._num_workers):
+            st = self._sup.status(w) if self._sup.has_worker(w) else None
+            proc = self._procs[w]
+            entry = {"id": w, "pid": proc.pid if proc is not None else None,
+                     "alive": bool(st), "restarts": self._restarts_by_worker[w]}
+            if st:
+                entry.update({
+                    "state": st["state"], "index": st["index"], "task": st["task"],
+                    "samples": st["samples"], "batches": st["batches"],
+                    "rss_bytes": st["rss_bytes"], "bytes_sent": st["bytes_sent"],
+                    "seconds": {"getitem": st["seconds_in"]["loading"],
+                                "collate": st["seconds_in"]["collating"],
+                                "encode": st["seconds_in"]["encoding"],
+                                "idle": st["seconds_in"]["idle"]},
+                })
+            workers.append(entry)
+        return {
+            "workers": workers,
+            "batches_yielded": self._yielded,
+            "seconds_waiting_for_data": self._waited_s,
+            "data_stall": (self._waited_s / elapsed) if elapsed > 0 else 0.0,
+            "memory": self._sup.slot_usage(),
+        }
+
     def _process_data(self, data, worker_id):
         self._workers_num_tasks[worker_id] -= 1
         self._try_put_index()
@@ -635,6 +730,7 @@ class MultiProcessIter(_BaseDataLoaderIter):
                     proc.kill()
                     proc.join()
         self._procs = [None] * self._num_workers
+        self._board.close()
 
     def __del__(self):
         try:

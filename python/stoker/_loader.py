@@ -29,6 +29,7 @@ class _LoaderState:
     deaths: list = field(default_factory=list)       # _deaths.Death records
     death_counts: dict = field(default_factory=dict)  # dataset index -> deaths while loading it
     quarantined: set = field(default_factory=set)
+    iterator: object = None  # weakref to the latest multi-process iterator
     logged: set = field(default_factory=set)  # indices whose skip was logged already
 
     def record_skip(self, rec: SkippedSample) -> None:
@@ -68,6 +69,7 @@ class DataLoader(torch.utils.data.DataLoader):
         max_retries=3,
         quarantine_after=2,
         hang_timeout=None,
+        stall_notice=0.5,
     ):
         if on_worker_death not in _DEATH_POLICIES:
             raise ValueError(
@@ -96,6 +98,7 @@ class DataLoader(torch.utils.data.DataLoader):
             "max_retries": max_retries,
             "quarantine_after": quarantine_after,
             "hang_timeout": hang_timeout,
+            "stall_notice": stall_notice,
         }
         self._stoker_state = _LoaderState()
 
@@ -109,6 +112,29 @@ class DataLoader(torch.utils.data.DataLoader):
     def deaths(self) -> list:
         """Every worker death so far: worker id, pid, signal or exit code, cause, index."""
         return self._stoker_state.deaths
+
+    def stats(self) -> dict:
+        """What the loader is doing, as a JSON-serialisable dict: per worker (id, pid, state,
+        index being loaded, samples, batches, restarts, seconds in __getitem__ / collate /
+        encode / idle, RSS) and for the loader (batches yielded, seconds the loop waited for
+        data and that share of its time, the data stall; slots and bytes mapped, held by the
+        user and waiting; deaths with their causes; skipped and quarantined samples)."""
+        st = self._stoker_state
+        it = st.iterator() if st.iterator is not None else None
+        live = it.stats() if it is not None and not it._shutdown else {
+            "workers": [], "batches_yielded": 0, "seconds_waiting_for_data": 0.0,
+            "data_stall": 0.0, "memory": {}}
+        live.update({
+            "epoch": st.epoch,
+            "num_workers": self.num_workers,
+            "deaths": [{"worker_id": d.worker_id, "pid": d.pid, "signal": d.signal,
+                        "exit_code": d.exit_code, "cause": d.cause, "index": _jsonable(d.index),
+                        "epoch": d.epoch} for d in st.deaths],
+            "skipped": [{"index": _jsonable(s.index), "reason": s.reason, "epoch": s.epoch}
+                        for s in st.skipped],
+            "quarantined": sorted((_jsonable(q) for q in st.quarantined), key=repr),
+        })
+        return live
 
     def _get_iterator(self):
         if self.num_workers == 0:
@@ -153,3 +179,7 @@ class _SingleProcessIter(_SingleProcessDataLoaderIter):
                 return super()._next_data()
             except Dropped:
                 continue
+
+
+def _jsonable(x):
+    return x if isinstance(x, (int, float, str, bool)) or x is None else repr(x)

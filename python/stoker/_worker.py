@@ -113,6 +113,7 @@ def worker_main(
     parent_pid: int,
     on_error: str = "raise",
     max_retries: int = 3,
+    loader_token: int = 0,
 ) -> None:
     # Ctrl+C reaches the whole process group; the main process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -120,7 +121,7 @@ def worker_main(
     _fdpass.close_inherited(keep=fd)
     endpoint = _stoker.WorkerEndpoint(fd, worker_id)
     endpoint.arm_guard(parent_pid)
-    endpoint.open_status()
+    endpoint.open_status(loader_token)
     _share_logs(endpoint)
 
     if "torch" in sys.modules or collate_mode != MODE_AS_IS:
@@ -145,6 +146,7 @@ def worker_main(
 
     def on_sample(index):
         endpoint.enter(_protocol.STATE_FETCHING, task_box[0], index)
+        endpoint.add_sample()
 
     def new_fetcher():
         return Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)

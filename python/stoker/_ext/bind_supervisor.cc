@@ -110,6 +110,18 @@ class PySupervisor {
   }
   void Signal(int id, int signum) { Check(sup_->Signal(id, signum)); }
 
+  nb::dict SlotUsageDict() const {
+    const SlotUsage u = sup_->slot_usage();
+    nb::dict d;
+    d["slots"] = u.slots;
+    d["bytes_mapped"] = u.mapped_bytes;
+    d["slots_held_by_user"] = u.lent;
+    d["bytes_held_by_user"] = u.lent_bytes;
+    d["slots_waiting"] = u.ready;
+    d["bytes_waiting"] = u.ready_bytes;
+    return d;
+  }
+
   std::vector<int> OwnedFds() const { return sup_->OwnedFds(); }
   size_t mapped_slot_count() const { return sup_->mapped_slot_count(); }
 
@@ -141,6 +153,7 @@ void register_supervisor(nb::module_& m) {
       .def("read_log", &PySupervisor::ReadLog, nb::arg("worker"), nb::arg("kind"),
            nb::arg("max_bytes") = 65536)
       .def("signal", &PySupervisor::Signal, nb::arg("worker"), nb::arg("signum"))
+      .def("slot_usage", &PySupervisor::SlotUsageDict)
       .def("owned_fds", &PySupervisor::OwnedFds)
       .def_prop_ro("mapped_slot_count", &PySupervisor::mapped_slot_count);
   m.def("channel_pair", &ChannelPair, "A connected SOCK_SEQPACKET pair (close-on-exec).");

@@ -17,7 +17,8 @@ namespace {
 class WorkerEndpoint {
  public:
   WorkerEndpoint(int sock, int worker_id)
-      : sock_(sock), pool_(sock, static_cast<uint32_t>(worker_id)) {}
+      : sock_(sock), worker_id_(static_cast<uint64_t>(worker_id)),
+        pool_(sock, static_cast<uint32_t>(worker_id)) {}
   WorkerEndpoint(const WorkerEndpoint&) = delete;
   WorkerEndpoint& operator=(const WorkerEndpoint&) = delete;
   ~WorkerEndpoint() {
@@ -83,11 +84,12 @@ class WorkerEndpoint {
   }
 
   // Creates this worker's status page and sends it to the main process.
-  void OpenStatus() {
+  void OpenStatus(uint64_t loader_token) {
     int fd = -1;
     Check(Segment::Create("stoker-status", sizeof(WorkerStatusPage), &status_seg_, &fd));
     status_ = reinterpret_cast<WorkerStatusPage*>(status_seg_->data());
-    WorkerStatusWriter::Initialize(status_, static_cast<uint64_t>(getpid()));
+    WorkerStatusWriter::Initialize(status_, static_cast<uint64_t>(getpid()), worker_id_,
+                                   loader_token);
     MessageHeader h;
     h.type = static_cast<uint32_t>(MessageType::kStatusPage);
     Status st = SendMessage(sock_, h, nullptr, 0, fd);
@@ -136,6 +138,7 @@ class WorkerEndpoint {
 
  private:
   int sock_;
+  uint64_t worker_id_;
   SlotPool pool_;
   PyBatchEncoder encoder_;
   std::unique_ptr<Segment> status_seg_;
@@ -155,7 +158,7 @@ void register_worker(nb::module_& m) {
            nb::arg("payload") = nb::bytes(""))
       .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
            nb::arg("mode"), nb::arg("indices") = nb::none())
-      .def("open_status", &WorkerEndpoint::OpenStatus)
+      .def("open_status", &WorkerEndpoint::OpenStatus, nb::arg("loader_token") = 0)
       .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),
            nb::arg("index").none())
       .def("add_sample", &WorkerEndpoint::AddSample)

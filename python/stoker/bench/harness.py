@@ -94,10 +94,9 @@ def run_in_process(who: str, workload_name: str, workers: int) -> dict:
     import gc
 
     import psutil
+    import torch
 
     from .workloads import WORKLOADS
-
-    import torch
 
     # One thread for the consumer's copies, as one thread drives host-to-device copies: intra-op
     # threads would otherwise spin between batches and steal the workers' cores.

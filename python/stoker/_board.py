@@ -1,0 +1,71 @@
+"""The loader's board: a page of shared memory other processes of the same user can read.
+
+The main process keeps one sealed-size memfd per multi-process iterator ("stoker-board") and its
+workers' status pages ("stoker-status") open; ``stoker top`` finds them by name in
+``/proc/PID/fd`` and maps them read-only. Nothing is written to disk and nothing needs cleaning
+up: the memory goes with the last process holding it. Every field is one aligned int64 written
+by one process, so a reader never sees a torn value.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import time
+
+BOARD_NAME = "stoker-board"
+STATUS_NAME = "stoker-status"
+MAGIC = 0x424F415244535450  # "BOARDSTP"
+
+# Board fields (int64 each).
+FIELDS = ("magic", "version", "token", "main_pid", "num_workers", "epoch", "batches_yielded",
+          "waited_ns", "started_ns", "deaths", "skipped", "restarts")
+F = {name: i for i, name in enumerate(FIELDS)}
+
+# Worker status page (worker_status.h, WorkerStatusPage), uint64 each.
+STATUS_FIELDS = ("magic", "pid", "state", "task", "index", "since_ns", "samples", "batches",
+                 "rss_bytes", "ns_starting", "ns_idle", "ns_loading", "ns_collating",
+                 "ns_encoding", "ns_exiting", "bytes_sent", "worker_id", "loader_token")
+STATUS_MAGIC = 0x5354415455535054
+STATES = ("starting", "idle", "loading", "collating", "encoding", "exiting")
+NO_INDEX = -(2**63)
+
+
+class Board:
+    """Written by the main process only."""
+
+    def __init__(self, num_workers: int):
+        self.token = secrets.randbits(62)
+        self.fd = os.memfd_create(BOARD_NAME, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, mmap.PAGESIZE)
+        from . import _stoker
+
+        self.v = _stoker.map_shared(self.fd, len(FIELDS))
+        self.v[:] = 0
+        self.v[F["version"]] = 1
+        self.v[F["token"]] = self.token
+        self.v[F["main_pid"]] = os.getpid()
+        self.v[F["num_workers"]] = num_workers
+        self.v[F["magic"]] = MAGIC
+        from . import _fdpass
+
+        _fdpass._pending.add(self.fd)  # a forked worker closes it
+
+    def set(self, name: str, value) -> None:
+        self.v[F[name]] = value
+
+    def add(self, name: str, value=1) -> None:
+        self.v[F[name]] += value
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            from . import _fdpass
+
+            _fdpass._pending.discard(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()

@@ -1,0 +1,143 @@
+"""loader.stats(), the data-stall notice, stoker top, Prometheus and stoker doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from test_resources import TINY_SHM, _can_unshare
+
+
+def test_stats_is_json_and_describes_workers_and_memory():
+    import stoker
+    from scenario_datasets import Squares
+
+    loader = stoker.DataLoader(Squares(64, shape=(256,)), batch_size=4, num_workers=2,
+                               persistent_workers=True)
+    held = []
+    for i, b in enumerate(loader):
+        held.append(b)
+        if i == 9:
+            s = json.loads(json.dumps(loader.stats()))
+    assert s["batches_yielded"] == 10 and s["num_workers"] == 2 and s["epoch"] == 1
+    assert 0.0 <= s["data_stall"] <= 1.0 and s["seconds_waiting_for_data"] >= 0
+    assert [w["id"] for w in s["workers"]] == [0, 1]
+    for w in s["workers"]:
+        assert w["pid"] and w["samples"] > 0 and w["batches"] > 0 and w["rss_bytes"] > 0
+        assert set(w["seconds"]) == {"getitem", "collate", "encode", "idle"}
+        assert w["restarts"] == 0 and w["state"] in ("idle", "loading", "encoding")
+    mem = s["memory"]
+    assert mem["slots_held_by_user"] >= 1 and mem["bytes_mapped"] >= mem["bytes_held_by_user"] > 0
+    assert s["deaths"] == [] and s["skipped"] == []
+
+
+def test_data_stall_notice_names_the_slow_stage(script):
+    r = script("""
+import logging, stoker
+from scenario_datasets import Slow
+logging.basicConfig(format="%(message)s")
+loader = stoker.DataLoader(Slow(400), batch_size=2, num_workers=1, stall_notice=0.3)
+for b in loader:
+    pass
+print("OK", loader.stats()["data_stall"] if False else "")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stderr
+    assert r.stderr.count("waited for data") == 1, r.stderr
+    assert "__getitem__" in r.stderr and "num_workers" in r.stderr, r.stderr
+
+
+def _running_loader():
+    code = """
+import time, torch, stoker
+from scenario_datasets import Slow
+loader = stoker.DataLoader(Slow(100000), batch_size=2, num_workers=2)
+it = iter(loader)
+next(it)
+print("PIDS", *[p.pid for p in it._procs], flush=True)
+for b in it:
+    pass
+"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=here, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("PIDS"), line + proc.stderr.read()
+    return proc, [int(x) for x in line.split()[1:]]
+
+
+def test_top_finds_a_running_loader_and_its_workers():
+    proc, pids = _running_loader()
+    try:
+        time.sleep(1.0)
+        out = subprocess.run([sys.executable, "-m", "stoker", "top", "--once", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        loaders = [ld for ld in json.loads(out.stdout) if ld["pid"] == proc.pid]
+        assert len(loaders) == 1, out.stdout
+        ld = loaders[0]
+        assert [w["pid"] for w in ld["workers"]] == pids
+        assert ld["batches_yielded"] > 0 and ld["num_workers"] == 2
+        assert all(w["samples"] > 0 for w in ld["workers"])
+        text = subprocess.run([sys.executable, "-m", "stoker", "top", str(proc.pid), "--once"],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert f"PID {proc.pid}" in text and str(pids[0]) in text and "samples/s" in text
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_prometheus_scrape_on_localhost():
+    pytest.importorskip("prometheus_client")
+    import stoker
+    import stoker.monitoring
+    from scenario_datasets import Squares
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loader = stoker.DataLoader(Squares(64), batch_size=4, num_workers=2, persistent_workers=True)
+    stoker.monitoring.serve_prometheus(loader, port, addr="127.0.0.1", name="train")
+    for i, _ in enumerate(loader):
+        if i == 5:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    text = body.decode()
+    assert 'stoker_batches_yielded_total{loader="train"} 6.0' in text, text
+    assert 'stoker_worker_samples_total{loader="train",worker="1"}' in text
+    assert 'stoker_worker_seconds_total{loader="train",stage="getitem",worker="0"}' in text
+    assert "stoker_data_stall_ratio" in text and 'kind="mapped"' in text
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
+def test_doctor_on_a_small_shm_with_stale_torch_files(script):
+    r = script("""
+import json, os, subprocess, sys
+dead = subprocess.Popen(["true"]); dead.wait()          # a pid that no longer exists
+with open(f"/dev/shm/torch_{dead.pid}_1234_0", "wb") as f: f.write(b"x" * 8192)
+with open(f"/dev/shm/torch_{os.getpid()}_5678_0", "wb") as f: f.write(b"y" * 4096)
+def doctor(*args):
+    p = subprocess.run([sys.executable, "-m", "stoker", "doctor", "--json", *args],
+                       capture_output=True, text=True)
+    return p.returncode, json.loads(p.stdout)
+code, rep = doctor()
+checks = {c["check"]: c for c in rep["checks"]}
+assert code == 0, rep
+assert checks["/dev/shm"]["status"] == "warn" and "16.0 MiB" in checks["/dev/shm"]["detail"]
+assert checks["stale torch shared memory"]["status"] == "warn"
+assert f"torch_{dead.pid}_1234_0" in checks["stale torch shared memory"]["detail"]
+assert f"torch_{os.getpid()}_5678_0" not in checks["stale torch shared memory"]["detail"]
+code, rep = doctor("--clean-stale-shm")
+assert rep["cleaned"] == {"files": 1, "bytes": 8192}, rep["cleaned"]
+assert sorted(os.listdir("/dev/shm")) == [f"torch_{os.getpid()}_5678_0"]
+with open("/dev/shm/filler", "wb") as f: f.write(b"z" * 15 * 2**20)   # 94% full
+code, rep = doctor()
+assert code == 1 and {c["check"]: c for c in rep["checks"]}["/dev/shm"]["status"] == "fail"
+print("OK")
+""", timeout=120, wrapper=TINY_SHM)
+    assert "OK" in r.stdout, r.stdout + r.stderr
