@@ -186,3 +186,19 @@ class Slow(Squares):
     def __getitem__(self, i):
         time.sleep(0.02)
         return super().__getitem__(i)
+
+
+class Lookup(Dataset):
+    """Reads a stoker.SharedList; each sample also says whether the worker maps its memfd."""
+
+    def __init__(self):
+        import stoker
+
+        self.items = stoker.SharedList({"k": i, "s": str(i)} for i in range(10000))
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        maps = open("/proc/self/maps").read()
+        return self.items[i * 97]["k"], ("stoker-sharedlist" in maps)

@@ -10,7 +10,7 @@ import stoker
 
 
 def test_items_round_trip_and_behave_like_a_sequence():
-    items = [{"path": f"/d/{i}.jpg", "label": i % 3}, None, 3.5, "x" * 1000, (1, [2, 3])]
+    items = [{"path": "/d/7.jpg", "label": 1}, None, 3.5, "x" * 1000, (1, [2, 3])]
     sl = stoker.SharedList(items)
     assert len(sl) == 5 and list(sl) == items and sl[-1] == (1, [2, 3]) and sl[1:3] == [None, 3.5]
     with pytest.raises(IndexError):
@@ -21,14 +21,7 @@ def test_items_round_trip_and_behave_like_a_sequence():
 def test_spawned_workers_map_the_same_memory(script):
     r = script("""
 import os, torch, stoker
-from torch.utils.data import Dataset
-class Lookup(Dataset):
-    def __init__(self):
-        self.items = stoker.SharedList({"k": i, "s": str(i)} for i in range(10000))
-    def __len__(self): return 100
-    def __getitem__(self, i):
-        maps = open('/proc/self/maps').read()
-        return self.items[i * 97]["k"], ('stoker-sharedlist' in maps)
+from scenario_datasets import Lookup
 loader = stoker.DataLoader(Lookup(), batch_size=10, num_workers=2, multiprocessing_context="spawn")
 out = [b for b in loader]
 assert [int(x) for b in out for x in b[0]] == [i * 97 for i in range(100)]

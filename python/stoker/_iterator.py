@@ -464,6 +464,16 @@ class MultiProcessIter(_BaseDataLoaderIter):
             )
 
         head = f"DataLoader worker {worker_id} (pid {pid}) {explanation}"
+        if not status and hung is None:
+            # It died before it could report anything: a start-up failure (its dataset could
+            # not be unpickled under spawn, an import failed...). Restarting would fail alike.
+            raise crashed(
+                f"DataLoader worker {worker_id} (pid {pid}) {cause} while starting, before it "
+                "loaded anything; its traceback, if any, is above on stderr. With 'spawn' or "
+                "'forkserver' the dataset and collate_fn are pickled and the worker imports "
+                "them again: classes defined in __main__ of an interactive session or "
+                "`python -c` cannot be found there; define them in a module."
+            )
         # Quarantine: a sample in flight during `quarantine_after` deaths is poison.
         if index is not None and (busy or hung):
             key = _key(index)

@@ -177,3 +177,19 @@ for p in it._procs:
 print("OK")
 """, timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_worker_that_cannot_start_is_reported_once_not_restarted(script):
+    r = script(SETUP + """
+class DefinedInMain(Squares):   # spawn cannot find __main__.DefinedInMain in the worker
+    pass
+try:
+    list(stoker.DataLoader(DefinedInMain(8), batch_size=2, num_workers=2,
+                           multiprocessing_context="spawn"))
+except stoker.WorkerCrashed as e:
+    msg = str(e)
+    assert "while starting" in msg and "__main__" in msg, msg
+    print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+    assert "restarted it" not in r.stderr, r.stderr
