@@ -51,9 +51,9 @@ for i, b in enumerate(loader):
     if i == 10: early = fds()
     if i == 90: late = fds()
 assert len(held) == 100
-# per worker: its channel, its pidfd, its two log memfds and multiprocessing's two pipes;
-# never one per batch
-assert early == late and late - before <= 6 * 4 + 2, (before, early, late)
+# per worker: its channel, its pidfd, its status page, its two log memfds and
+# multiprocessing's two pipes; per loader the epoll set and the board; never one per batch
+assert early == late and late - before <= 7 * 4 + 2, (before, early, late)
 assert fds() == before, (before, fds())
 assert all(float(b[0][k, 0]) == 4 * i + k for i, b in enumerate(held) for k in range(4))
 print("OK")
