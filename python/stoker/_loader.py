@@ -34,7 +34,7 @@ class _LoaderState:
 
     def record_skip(self, rec: SkippedSample) -> None:
         """Keeps the record; logs each index once, however many epochs skip it."""
-        from ._iterator import _key, log
+        from ._supervision import _key, log
 
         self.skipped.append(rec)
         if _key(rec.index) not in self.logged:
