@@ -45,6 +45,7 @@ demo: install
 bench: install
 	$(VPY) -m pip install -q matplotlib || true
 	$(VPY) -m pip install -q --no-deps torchdata || true
+	$(VPY) -m pip install -q grain spdl || true
 	$(VPY) -m stoker bench --plot docs/throughput.png --json build/bench.json
 
 fuzz: $(DEPS) sysdeps
