@@ -48,6 +48,8 @@ class SharedList(Sequence):
         except BaseException:
             os.close(fd)
             raise
+        del blobs
+        _release_free_memory()
         self._attach(fd)
 
     def _attach(self, fd: int) -> None:
@@ -83,6 +85,17 @@ class SharedList(Sequence):
     @property
     def nbytes(self) -> int:
         return len(self._map)
+
+
+def _release_free_memory() -> None:
+    """Hands the temporary pickles' memory back to the kernel (glibc keeps freed heap pages
+    resident otherwise, and forked workers would each see them as part of the parent)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _rebuild(dup) -> SharedList:

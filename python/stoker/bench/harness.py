@@ -106,6 +106,12 @@ def run_in_process(who: str, workload_name: str, workers: int) -> dict:
     me = psutil.Process()
     dataset = wl.make(who)
     gc.collect()
+    try:  # freed heap pages would otherwise count, at random, in whatever is measured next
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     base_pss = me.memory_full_info().pss
     loader = make_loader(who, dataset, wl, workers)
     consume = Consumer()
