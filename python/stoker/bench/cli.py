@@ -22,7 +22,7 @@ def _median(rows, key):
     return statistics.median(vals) if vals else None
 
 
-def bench(workloads, loaders, workers, rounds, progress=True):
+def bench(workloads, loaders, workers, rounds, progress=True, start_method=None):
     runs = []
     total = len(workloads) * len(loaders) * rounds
     bar = None
@@ -39,7 +39,7 @@ def bench(workloads, loaders, workers, rounds, progress=True):
                 if WORKLOADS[wl].measure_memory and who != "torchdata":
                     res = harness.run_with_memory_baseline(who, wl, workers)
                 else:
-                    res = harness.run(who, wl, workers)
+                    res = harness.run(who, wl, workers, start_method=start_method)
                 res["round"] = r
                 runs.append(res)
                 if bar:
@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
                     help=f"comma-separated, from {','.join(WORKLOADS)}")
     ap.add_argument("--no-peers", action="store_true", help="only stoker and torch")
+    ap.add_argument("--start-method", choices=["fork", "spawn", "forkserver"],
+                    help="multiprocessing_context for torch and stoker (default: Python's)")
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
     ap.add_argument("--plot", metavar="FILE.png",
                     help="also sweep num_workers 1..4 on 'image' and plot throughput")
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
                 loaders.append(p)
             else:
                 skipped.append((p, why))
-    runs = bench(workloads, loaders, args.workers, args.rounds)
+    runs = bench(workloads, loaders, args.workers, args.rounds, start_method=args.start_method)
     table = summarize(runs, workloads, loaders)
     print_table(table)
     for p, why in skipped:

@@ -72,11 +72,13 @@ def _pss(proc) -> int:
     return total
 
 
-def make_loader(who, dataset, workload, workers):
+def make_loader(who, dataset, workload, workers, start_method=None):
     import torch
 
     kwargs = dict(batch_size=workload.batch_size, num_workers=workers, shuffle=True,
                   generator=torch.Generator().manual_seed(0))
+    if start_method and workers > 0 and who in ("torch", "stoker"):
+        kwargs["multiprocessing_context"] = start_method
     if workload.collate_fn is not None:
         kwargs["collate_fn"] = workload.collate_fn
     if who == "stoker":
@@ -90,7 +92,7 @@ def make_loader(who, dataset, workload, workers):
     return peers.make(who, dataset, kwargs)
 
 
-def run_in_process(who: str, workload_name: str, workers: int) -> dict:
+def run_in_process(who: str, workload_name: str, workers: int, start_method=None) -> dict:
     import gc
 
     import psutil
@@ -113,7 +115,7 @@ def run_in_process(who: str, workload_name: str, workers: int) -> dict:
     except (OSError, AttributeError):
         pass
     base_pss = me.memory_full_info().pss
-    loader = make_loader(who, dataset, wl, workers)
+    loader = make_loader(who, dataset, wl, workers, start_method)
     consume = Consumer()
     t0 = time.perf_counter()
     it = iter(loader)
@@ -166,11 +168,12 @@ def run_with_memory_baseline(who: str, workload: str, workers: int) -> dict:
     return res
 
 
-def run(who: str, workload: str, workers: int, timeout: float = 300) -> dict:
+def run(who: str, workload: str, workers: int, timeout: float = 300,
+        start_method=None) -> dict:
     """One measured run in a fresh interpreter, so runs cannot disturb each other."""
     code = (
-        "import json, sys; from stoker.bench.harness import run_in_process; "
-        f"print('RESULT', json.dumps(run_in_process({who!r}, {workload!r}, {workers})))"
+        "import json, sys; from stoker.bench.harness import run_in_process; print('RESULT', "
+        f"json.dumps(run_in_process({who!r}, {workload!r}, {workers}, {start_method!r})))"
     )
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     try:
