@@ -4,6 +4,8 @@
     loader = stoker.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=8)
 
 ``stoker.DataLoader`` takes torch's arguments and yields the same batches, of the same types.
+The engine itself (``stoker._stoker``), ``SharedList`` and the ``stoker`` command's ``doctor``
+work without torch; ``DataLoader`` needs torch and is imported on first use.
 """
 
 from ._errors import (
@@ -16,7 +18,6 @@ from ._errors import (
     WorkerHung,
 )
 from ._info import get_worker_info
-from ._loader import DataLoader
 from ._shared_list import SharedList
 
 __version__ = "0.1.0"
@@ -26,10 +27,26 @@ __all__ = [
     "CollateError",
     "CorruptBatchError",
     "DataLoader",
-    "SharedList",
     "EngineError",
+    "SharedList",
     "WorkerCrashed",
     "WorkerError",
     "WorkerHung",
     "get_worker_info",
 ]
+
+
+def __getattr__(name):
+    if name == "DataLoader":
+        try:
+            from ._loader import DataLoader
+        except ImportError as e:
+            if "torch" not in str(e):
+                raise
+            raise ImportError(
+                "stoker.DataLoader is a drop-in torch.utils.data.DataLoader and needs PyTorch: "
+                "pip install torch. (stoker.SharedList and the engine work without it.)"
+            ) from e
+        globals()["DataLoader"] = DataLoader
+        return DataLoader
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")

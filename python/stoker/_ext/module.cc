@@ -39,7 +39,8 @@ PyTypes& Types() {
     if (t->torch_tensor == nullptr) {
       // torch may have been imported after our first use (workers import it lazily).
       nb::object modules = nb::module_::import_("sys").attr("modules");
-      if (PyDict_GetItemString(modules.ptr(), "torch") != nullptr) {
+      PyObject* loaded = PyDict_GetItemString(modules.ptr(), "torch");
+      if (loaded != nullptr && loaded != Py_None) {
         nb::object torch = nb::module_::import_("torch");
         t->torch_tensor = torch.attr("Tensor").ptr();
         Py_INCREF(t->torch_tensor);
