@@ -8,7 +8,6 @@ objects the sampler produced, as with torch. Error reports are pickled dicts.
 from __future__ import annotations
 
 import pickle
-import sys
 import traceback
 from array import array
 
@@ -21,7 +20,6 @@ MSG_BATCH = _stoker.MSG_BATCH
 MSG_ERROR = _stoker.MSG_ERROR
 MSG_END = _stoker.MSG_END
 MSG_RESUMED = _stoker.MSG_RESUMED
-MSG_HELLO = _stoker.MSG_HELLO
 MSG_LOG_FILE = _stoker.MSG_LOG_FILE
 MSG_SKIPPED = _stoker.MSG_SKIPPED
 
@@ -87,6 +85,3 @@ def short_repr(obj, limit: int = 200) -> str:
     r = repr(obj)
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
-
-def python_version() -> str:
-    return sys.version.split()[0]
