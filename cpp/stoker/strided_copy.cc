@@ -37,11 +37,16 @@ void CopyElements(uint8_t* dst, const uint8_t* src, int64_t n, int64_t stride) {
 
 void CopyRow(uint8_t* dst, const uint8_t* src, int64_t n, int64_t stride, size_t itemsize) {
   switch (itemsize) {
-    case 1: return CopyElements<1>(dst, src, n, stride);
-    case 2: return CopyElements<2>(dst, src, n, stride);
-    case 4: return CopyElements<4>(dst, src, n, stride);
-    case 8: return CopyElements<8>(dst, src, n, stride);
-    case 16: return CopyElements<16>(dst, src, n, stride);
+    case 1:
+      return CopyElements<1>(dst, src, n, stride);
+    case 2:
+      return CopyElements<2>(dst, src, n, stride);
+    case 4:
+      return CopyElements<4>(dst, src, n, stride);
+    case 8:
+      return CopyElements<8>(dst, src, n, stride);
+    case 16:
+      return CopyElements<16>(dst, src, n, stride);
     default:
       for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * itemsize, src + i * stride, itemsize);
   }

@@ -33,9 +33,9 @@ struct WorkerExit {
 struct SlotUsage {
   size_t slots = 0;
   uint64_t mapped_bytes = 0;
-  size_t lent = 0;           // held by the user as tensor views
+  size_t lent = 0;  // held by the user as tensor views
   uint64_t lent_bytes = 0;
-  size_t ready = 0;          // written, waiting in the main process
+  size_t ready = 0;  // written, waiting in the main process
   uint64_t ready_bytes = 0;
 };
 
@@ -90,7 +90,7 @@ class Supervisor {
     bool death_reported = false;
     std::map<uint32_t, std::shared_ptr<Segment>> slots;
     std::shared_ptr<Segment> status;  // the worker's status page
-    int status_fd = -1;  // kept open: `stoker top` finds the page through /proc/PID/fd
+    int status_fd = -1;               // kept open: `stoker top` finds the page through /proc/PID/fd
     int logs[2] = {-1, -1};           // LogKind -> memfd
   };
   explicit Supervisor(int epfd) : epfd_(epfd) {}

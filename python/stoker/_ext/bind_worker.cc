@@ -17,7 +17,8 @@ namespace {
 class WorkerEndpoint {
  public:
   WorkerEndpoint(int sock, int worker_id)
-      : sock_(sock), worker_id_(static_cast<uint64_t>(worker_id)),
+      : sock_(sock),
+        worker_id_(static_cast<uint64_t>(worker_id)),
         pool_(sock, static_cast<uint32_t>(worker_id)) {}
   WorkerEndpoint(const WorkerEndpoint&) = delete;
   WorkerEndpoint& operator=(const WorkerEndpoint&) = delete;

@@ -47,15 +47,21 @@ PyTypes& Types() {
         t->torch_from_dlpack = nb::module_::import_("torch.utils.dlpack").attr("from_dlpack");
         t->torch_strided = torch.attr("strided").ptr();
         Py_INCREF(t->torch_strided);
-        const std::pair<const char*, DType> names[] = {
-            {"bool", DType::kBool},         {"uint8", DType::kUInt8},
-            {"int8", DType::kInt8},         {"int16", DType::kInt16},
-            {"int32", DType::kInt32},       {"int64", DType::kInt64},
-            {"uint16", DType::kUInt16},     {"uint32", DType::kUInt32},
-            {"uint64", DType::kUInt64},     {"float16", DType::kFloat16},
-            {"bfloat16", DType::kBFloat16}, {"float32", DType::kFloat32},
-            {"float64", DType::kFloat64},   {"complex64", DType::kComplex64},
-            {"complex128", DType::kComplex128}};
+        const std::pair<const char*, DType> names[] = {{"bool", DType::kBool},
+                                                       {"uint8", DType::kUInt8},
+                                                       {"int8", DType::kInt8},
+                                                       {"int16", DType::kInt16},
+                                                       {"int32", DType::kInt32},
+                                                       {"int64", DType::kInt64},
+                                                       {"uint16", DType::kUInt16},
+                                                       {"uint32", DType::kUInt32},
+                                                       {"uint64", DType::kUInt64},
+                                                       {"float16", DType::kFloat16},
+                                                       {"bfloat16", DType::kBFloat16},
+                                                       {"float32", DType::kFloat32},
+                                                       {"float64", DType::kFloat64},
+                                                       {"complex64", DType::kComplex64},
+                                                       {"complex128", DType::kComplex128}};
         for (const auto& [name, dt] : names) {
           if (nb::hasattr(torch, name)) t->torch_dtypes[torch.attr(name)] = static_cast<int>(dt);
         }

@@ -150,7 +150,9 @@ bool PyBatchEncoder::ViewNumpy(PyObject* obj, View* v) {
 bool PyBatchEncoder::ViewTensor(PyObject* obj, View* v) {
   PyTypes& T = Types();
   auto attr = [obj](const char* name) { return nb::steal(PyObject_GetAttrString(obj, name)); };
-  auto call = [obj](const char* name) { return nb::steal(PyObject_CallMethod(obj, name, nullptr)); };
+  auto call = [obj](const char* name) {
+    return nb::steal(PyObject_CallMethod(obj, name, nullptr));
+  };
   nb::object is_cpu = attr("is_cpu");
   nb::object layout = attr("layout");
   nb::object dtype = attr("dtype");
@@ -176,8 +178,8 @@ bool PyBatchEncoder::ViewTensor(PyObject* obj, View* v) {
   nb::object ptr = call("data_ptr");
   nb::object shape = attr("shape");
   nb::object strides = call("stride");
-  if (!ptr.is_valid() || !shape.is_valid() || !strides.is_valid() ||
-      !PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr())) {
+  if (!ptr.is_valid() || !shape.is_valid() || !strides.is_valid() || !PyTuple_Check(shape.ptr()) ||
+      !PyTuple_Check(strides.ptr())) {
     PyErr_Clear();
     return ViewTensorDLPack(obj, v);
   }
