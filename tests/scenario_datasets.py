@@ -202,3 +202,24 @@ class Lookup(Dataset):
     def __getitem__(self, i):
         maps = open("/proc/self/maps").read()
         return self.items[i * 97]["k"], ("stoker-sharedlist" in maps)
+
+
+class NegatedViews(Dataset):
+    """Real tensors whose memory is not their values: x.conj().imag carries a negative bit."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        z = torch.tensor([1 + 2j, 3 + 4j + i])
+        return z.conj().imag, z.conj()
+
+
+class RaisesInStream(torch.utils.data.IterableDataset):
+    """A generator that fails at its 4th element."""
+
+    def __iter__(self):
+        for i in range(10):
+            if i == 3:
+                raise ValueError("stream broke at element 3")
+            yield torch.tensor([i])

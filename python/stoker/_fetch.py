@@ -57,14 +57,18 @@ class Fetcher:
     def _one(self, load, index):
         """load() under the error policy; returns (ok, sample)."""
         attempts = 0
+        failure = None
         while True:
             try:
                 return True, load()
             except StopIteration:
+                if failure is not None:  # a generator ends after it raised: the error stands
+                    raise failure from None
                 raise
             except Exception as e:
                 if self.on_error == "retry" and attempts < self.max_retries:
                     attempts += 1
+                    failure = e
                     continue
                 if self.on_error == "skip":
                     self.skipped.append((index, _reason(e)))

@@ -73,7 +73,10 @@ class _Failure:
         if exc_type is KeyError:
             raise KeyError(_KeyErrorMessage(msg))
         try:
-            exc = exc_type(msg)
+            if getattr(exc_type, "message", None):  # as torch: types whose constructor wants it
+                exc = exc_type(message=msg)
+            else:
+                exc = exc_type(msg)
         except Exception:
             raise RuntimeError(msg) from None
         raise exc
@@ -254,6 +257,9 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
         self._rcvd_idx = 0
         self._task_info: dict = {}
         self._task_index = {}
+        self._synthetic: list = []  # (task, result) made without a worker
+        self._restarted_in_reset: set = set()  # workers restarted while a new epoch starts
+        self._resetting = False
         self._tasks_outstanding = 0
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
@@ -261,14 +267,22 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
         if not first_iter:
             # Persistent workers: a new epoch. Results of the old one still in flight are dropped.
             waiting = set()
+            self._resetting = True
             for w in range(self._num_workers):
                 if self._sup.has_worker(w):
-                    self._sup.send(w, MSG_RESUME, 0)
+                    try:
+                        self._sup.send(w, MSG_RESUME, 0)
+                    except EngineError:
+                        pass  # it died between epochs: the wait below handles its death
                     waiting.add(w)
             while waiting:
                 ev = self._wait()
-                if ev[0] == "message" and ev[2] == MSG_RESUMED:
+                # A worker restarted meanwhile starts fresh: it is resumed already.
+                waiting -= self._restarted_in_reset
+                if ev is not None and ev[0] == "message" and ev[2] == MSG_RESUMED:
                     waiting.discard(ev[1])
+            self._restarted_in_reset.clear()
+            self._resetting = False
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -320,12 +334,10 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
 
     # -- results -------------------------------------------------------------------------------
     def _arrived(self, task, data) -> None:
-        """A result came for `task` outside the normal receive path (dropped by quarantine)."""
-        info = self._task_info.get(task)
-        if info is not None and len(info) == 1:
-            self._task_info[task] = info + (data,)
-            self._tasks_outstanding -= 1
-            self._task_index.pop(task, None)
+        """`task` has its result without a worker (every sample quarantined): it is delivered
+        through the receive path like any other, so the bookkeeping stays in one place and a
+        wait in progress returns instead of waiting for a message that will never come."""
+        self._synthetic.append((task, data))
 
     def _get_data(self):
         t = time.monotonic()
@@ -338,15 +350,24 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
 
     def _receive(self):
         while True:
-            ev = self._wait()
-            _, worker_id, mtype, task, a, b, c, payload, pending = ev
-            if mtype == MSG_SKIPPED:
-                for index, reason in _protocol.decode_error(payload):
-                    self._record_skip(index, reason)
-                if a == 1 and task in self._task_info and len(self._task_info[task]) == 1:
-                    return task, _Dropped()
+            if self._synthetic:
+                task, data = self._synthetic.pop(0)
+                if task in self._task_info and len(self._task_info[task]) == 1:
+                    return task, data
                 continue
-            if task not in self._task_info or len(self._task_info[task]) != 1:
+            ev = self._wait()
+            if ev is None:  # a death produced a synthetic result: look again
+                continue
+            _, worker_id, mtype, task, a, b, c, payload, pending = ev
+            live = task in self._task_info and len(self._task_info[task]) == 1
+            if mtype == MSG_SKIPPED:
+                if live:  # a re-issued task's first attempt already reported its skips
+                    for index, reason in _protocol.decode_error(payload):
+                        self._record_skip(index, reason)
+                    if a == 1:
+                        return task, _Dropped()
+                continue
+            if not live:
                 if pending is not None:
                     pending.discard()  # a late duplicate (a re-issued task's first attempt)
                 continue

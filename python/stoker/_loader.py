@@ -136,6 +136,13 @@ class DataLoader(torch.utils.data.DataLoader):
         })
         return live
 
+    def __iter__(self):
+        # A persistent iterator that a worker's failure shut down cannot resume: start afresh.
+        it = self.__dict__.get("_iterator")
+        if it is not None and getattr(it, "_shutdown", False):
+            self._iterator = None
+        return super().__iter__()
+
     def _get_iterator(self):
         if self.num_workers == 0:
             if self._stoker_options["on_error"] == "raise":

@@ -48,6 +48,8 @@ class Supervision:
                 continue
             if ev[0] == "died":
                 self._on_death(ev)
+                if self._synthetic or self._restarted_in_reset:
+                    return None  # the caller has something to look at now
                 continue
             return ev
 
@@ -215,6 +217,8 @@ class Supervision:
 
     def _restart(self, worker_id: int, tasks: list) -> None:
         self._start_worker(worker_id)
+        if self._resetting:
+            self._restarted_in_reset.add(worker_id)
         for task in tasks:  # in their original order: results keep their places
             index = self._without_quarantined(task, self._task_index[task])
             self._task_index[task] = index

@@ -97,3 +97,15 @@ def test_policies_are_validated():
                    {"quarantine_after": 0}, {"hang_timeout": 0}, {"max_retries": -2}):
         with pytest.raises(ValueError):
             stoker.DataLoader(Squares(), **kwargs)
+
+
+def test_retry_on_a_failing_stream_raises_instead_of_ending_early(script):
+    r = script(SETUP + """
+loader = stoker.DataLoader(RaisesInStream(), batch_size=2, num_workers=1, on_error="retry")
+try:
+    list(loader)
+except ValueError as e:
+    assert "stream broke at element 3" in str(e), e
+    print("OK")
+""", timeout=60)
+    assert "OK" in r.stdout, r.stdout + r.stderr

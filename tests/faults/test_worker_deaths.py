@@ -148,3 +148,29 @@ except stoker.WorkerCrashed as e:
     print("OK")
 """, timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_quarantining_the_last_task_in_flight_does_not_hang(script):
+    r = script(SETUP + """
+loader = stoker.DataLoader(KillsSelfAt(3, signal.SIGKILL, n=4), batch_size=1, num_workers=1,
+                           on_error="skip")
+assert labels(list(loader)) == [0, 1, 2]
+assert [s.index for s in loader.skipped] == [3]
+print("OK")
+""", timeout=60)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_persistent_worker_killed_between_epochs(script):
+    r = script(SETUP + """
+loader = stoker.DataLoader(Squares(16), batch_size=4, num_workers=2, persistent_workers=True)
+assert labels(list(loader)) == list(range(16))
+os.kill(loader._iterator._procs[0].pid, signal.SIGKILL)
+import time; time.sleep(0.2)
+assert labels(list(loader)) == list(range(16))
+it = iter(loader); next(it)                      # break out with work in flight ...
+os.kill(loader._iterator._procs[1].pid, signal.SIGKILL)
+assert labels(list(loader)) == list(range(16))   # ... the next epoch still starts
+print("OK")
+""", timeout=60)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -17,9 +17,20 @@ bool IsInstance(PyObject* obj, PyObject* cls) {
   return r == 1;
 }
 
+// A namedtuple: a tuple subclass whose class has `_fields`, a tuple of one name per item.
 bool IsNamedTuple(PyObject* obj) {
-  return PyTuple_Check(obj) && !PyTuple_CheckExact(obj) &&
-         PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
+  if (!PyTuple_Check(obj) || PyTuple_CheckExact(obj)) return false;
+  PyObject* fields = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
+  if (fields == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  bool ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == PyTuple_GET_SIZE(obj);
+  for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(fields); ++i) {
+    ok = PyUnicode_Check(PyTuple_GET_ITEM(fields, i));
+  }
+  Py_DECREF(fields);
+  return ok;
 }
 
 // Buffer-protocol format -> DType; false for anything not plain native numbers.
@@ -167,12 +178,18 @@ bool PyBatchEncoder::ViewTensor(PyObject* obj, View* v) {
     return false;  // a dtype the wire does not carry: pickled
   }
   v->dtype = static_cast<DType>(PyLong_AsLong(code));
+  // A lazily negated view (x.conj().imag is real and negated) or a conjugate view: the raw
+  // memory is not the values. DLPack refuses them; they are pickled after resolving.
+  nb::object neg = call("is_neg");
+  if (!neg.is_valid() || neg.ptr() == Py_True) {
+    PyErr_Clear();
+    return false;
+  }
   if (v->dtype == DType::kComplex64 || v->dtype == DType::kComplex128) {
     nb::object conj = call("is_conj");
-    nb::object neg = call("is_neg");
-    if (!conj.is_valid() || !neg.is_valid() || conj.ptr() == Py_True || neg.ptr() == Py_True) {
+    if (!conj.is_valid() || conj.ptr() == Py_True) {
       PyErr_Clear();
-      return ViewTensorDLPack(obj, v);
+      return false;
     }
   }
   nb::object ptr = call("data_ptr");
@@ -408,7 +425,7 @@ bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path,
   // namedtuple: the same type, each field collated.
   if (IsNamedTuple(first)) {
     for (size_t i = 1; i < n; ++i) {
-      if (Py_TYPE(s[i]) != Py_TYPE(first)) return false;
+      if (Py_TYPE(s[i]) != Py_TYPE(first) || !IsNamedTuple(s[i])) return false;
     }
     PyObject* blob = PyObject_CallOneArg(Types().pickle_dumps.ptr(),
                                          reinterpret_cast<PyObject*>(Py_TYPE(first)));
@@ -597,10 +614,20 @@ bool PyBatchEncoder::Describe(nb::handle obj, EncodeMode mode, nb::handle indice
       std::vector<PyObject*> samples(PySequence_Fast_ITEMS(obj.ptr()),
                                      PySequence_Fast_ITEMS(obj.ptr()) + PyList_GET_SIZE(obj.ptr()));
       std::string path;
-      ok = Collate(samples, path, 0);
+      try {
+        ok = Collate(samples, path, 0);
+      } catch (...) {
+        Reset();  // release the batch's buffers now, not at the next batch
+        throw;
+      }
     }
   } else {
-    ok = Value(obj.ptr(), mode, 0);
+    try {
+      ok = Value(obj.ptr(), mode, 0);
+    } catch (...) {
+      Reset();
+      throw;
+    }
   }
   if (!ok) Reset();
   return ok;
