@@ -12,6 +12,7 @@ import os
 
 _V2_ROOT = "/sys/fs/cgroup"
 _V1_ROOT = "/sys/fs/cgroup/memory"
+_PROC = "/proc"  # the roots are variables so that tests can point them at a fake tree
 
 
 def _read(path: str) -> str | None:
@@ -37,11 +38,11 @@ def _keyed(text: str | None, key: str) -> int | None:
 
 def memory_cgroup_dir(pid: int | str = "self") -> tuple[str | None, int]:
     """(directory of the memory cgroup, version 1 or 2), or (None, 0)."""
-    text = _read(f"/proc/{pid}/cgroup") or ""
+    text = _read(f"{_PROC}/{pid}/cgroup") or ""
     for line in text.splitlines():
         hid, controllers, path = line.split(":", 2)
         if hid == "0" and controllers == "":
-            d = os.path.join(_V2_ROOT, path.lstrip("/"))
+            d = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
             if os.path.exists(os.path.join(d, "memory.events")):
                 return d, 2
     for line in text.splitlines():
@@ -61,7 +62,7 @@ def oom_kills() -> tuple[int | None, int | None]:
         cg = _keyed(_read(os.path.join(d, "memory.events")), "oom_kill")
     elif version == 1:
         cg = _keyed(_read(os.path.join(d, "memory.oom_control")), "oom_kill")
-    return cg, _keyed(_read("/proc/vmstat"), "oom_kill")
+    return cg, _keyed(_read(f"{_PROC}/vmstat"), "oom_kill")
 
 
 def memory_limit_and_usage() -> tuple[int | None, int | None]:
