@@ -42,3 +42,28 @@ def run_script(code: str, timeout: float = 60, env: dict | None = None, wrapper=
 @pytest.fixture
 def script():
     return run_script
+
+
+_RUNNING_LOADER = """
+import stoker
+from scenario_datasets import Slow
+loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
+                           multiprocessing_context={context!r})
+it = iter(loader)
+next(it)
+print("PIDS", *[p.pid for p in it._procs], flush=True)
+for b in it:
+    pass
+"""
+
+
+def start_running_loader(context=None):
+    """A child process iterating a slow loader (its own session, so a test can signal the group).
+    Returns (Popen, worker pids) once the first batch has arrived."""
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", _RUNNING_LOADER.format(context=context)],
+                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    line = proc.stdout.readline()
+    assert line.startswith("PIDS"), line + proc.stderr.read()
+    return proc, [int(x) for x in line.split()[1:]]

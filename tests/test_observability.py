@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from conftest import start_running_loader
 from test_resources import TINY_SHM, _can_unshare
 
 
@@ -53,28 +53,8 @@ print("OK", loader.stats()["data_stall"] if False else "")
     assert "__getitem__" in r.stderr and "num_workers" in r.stderr, r.stderr
 
 
-def _running_loader():
-    code = """
-import time, torch, stoker
-from scenario_datasets import Slow
-loader = stoker.DataLoader(Slow(100000), batch_size=2, num_workers=2)
-it = iter(loader)
-next(it)
-print("PIDS", *[p.pid for p in it._procs], flush=True)
-for b in it:
-    pass
-"""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=here, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("PIDS"), line + proc.stderr.read()
-    return proc, [int(x) for x in line.split()[1:]]
-
-
 def test_top_finds_a_running_loader_and_its_workers():
-    proc, pids = _running_loader()
+    proc, pids = start_running_loader()
     try:
         time.sleep(1.0)
         out = subprocess.run([sys.executable, "-m", "stoker", "top", "--once", "--json"],

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from conftest import HERE
+from conftest import start_running_loader
 
 from .test_worker_deaths import SETUP
 
@@ -22,30 +20,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _spawn(code: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-c", SETUP + code], cwd=HERE, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def _read_pids(proc) -> list[int]:
-    line = proc.stdout.readline()
-    assert line.startswith("PIDS"), line + proc.stderr.read()
-    return [int(x) for x in line.split()[1:]]
-
-
 def test_ctrl_c_gives_one_keyboard_interrupt_and_silent_workers():
-    proc = _spawn("""
-loader = stoker.DataLoader(Slow(10_000), batch_size=2, num_workers=2)
-it = iter(loader)
-next(it)
-print("PIDS", *[p.pid for p in it._procs], flush=True)
-for b in it:
-    pass
-""")
+    proc, pids = start_running_loader()
     try:
-        pids = _read_pids(proc)
         time.sleep(0.3)
         t = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)  # the whole process group, as a terminal does
@@ -63,17 +40,8 @@ for b in it:
 
 def test_parent_killed_takes_workers_within_a_second():
     for method in ("fork", "spawn"):
-        proc = _spawn(f"""
-loader = stoker.DataLoader(Slow(10_000), batch_size=2, num_workers=2,
-                           multiprocessing_context="{method}")
-it = iter(loader)
-next(it)
-print("PIDS", *[p.pid for p in it._procs], flush=True)
-for b in it:
-    pass
-""")
+        proc, pids = start_running_loader(method)
         try:
-            pids = _read_pids(proc)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             deadline = time.monotonic() + 1.0
