@@ -51,7 +51,7 @@ loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
                            multiprocessing_context={context!r})
 it = iter(loader)
 next(it)
-print("PIDS", *[p.pid for p in it._procs], flush=True)
+print("PIDS", *[p.pid for p in it._workers], flush=True)
 for b in it:
     pass
 """

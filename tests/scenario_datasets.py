@@ -223,3 +223,12 @@ class RaisesInStream(torch.utils.data.IterableDataset):
             if i == 3:
                 raise ValueError("stream broke at element 3")
             yield torch.tensor([i])
+
+
+class SlowToUnpickle(Squares):
+    """Under spawn/forkserver a worker unpickles its dataset before it reports anything: this
+    one takes 30 s there (a worker can be killed from outside during start-up)."""
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        time.sleep(30)

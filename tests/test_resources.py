@@ -69,8 +69,8 @@ loader = stoker.DataLoader(Squares(n=2000, shape=(1024,)), batch_size=8, num_wor
 it = iter(loader)
 for i, b in enumerate(it):
     del b
-    if i == 20: slots = it._sup.mapped_slot_count
-final = it._sup.mapped_slot_count if not it._shutdown else slots
+    if i == 20: slots = it._set._sup.mapped_slot_count
+final = it._set._sup.mapped_slot_count if not it._shutdown else slots
 # prefetch_factor * workers in flight, plus the batch being handed out: a small constant
 assert slots <= 2 * 2 + 4, slots
 print("OK", slots)

@@ -64,18 +64,30 @@ def last_stack(crash_log: str) -> str:
     return text[-4000:]
 
 
-def describe(signum, exit_code, core, *, oom, rss, index, crash_log, stderr_tail, hung=None):
-    """(short cause, full explanation with what to do)."""
+def describe(signum, exit_code, core, *, oom, rss, index, crash_log, stderr_tail, hung=None,
+             stuck=None):
+    """(short cause, full explanation with what to do). The short cause does not name the
+    index (``Death.__str__`` and messages add it once); the explanation does."""
     at = f" while loading dataset index {index!r}" if index is not None else ""
     if hung is not None:
         seconds, stack = hung
-        cause = f"hung for {seconds:.1f} s{at} and was killed (hang_timeout)"
-        text = f"{cause}."
+        if stuck is not None:
+            cause = "did not take its queued work and was killed (hang_timeout)"
+            text = f"{cause}: {stuck}."
+        else:
+            cause = f"hung for {seconds:.1f} s and was killed (hang_timeout)"
+            text = f"hung for {seconds:.1f} s{at} and was killed (hang_timeout)."
         if stack:
             text += f"\nIts Python stack when it was stopped:\n{stack}"
         text += (
             "\nWhat to do: find what that sample waits on (a network filesystem, a lock, a "
             "subprocess); raise hang_timeout if the sample is legitimately slow."
+            if stuck is None else
+            "\nWhat to do: a worker that never reads its tasks is usually stopped by a "
+            "debugger or a cgroup freezer, or deadlocked on a lock inherited at fork from "
+            "another thread of this process: start workers with "
+            "multiprocessing_context='forkserver' or 'spawn', or create threads after the "
+            "DataLoader's workers."
         )
         return cause, text
     if signum == _signal.SIGKILL and oom:

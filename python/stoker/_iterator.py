@@ -1,31 +1,35 @@
 """The multi-process iterator: torch's scheduling, stoker's transport and supervision.
 
-Task scheduling mirrors torch's ``_MultiProcessingDataLoaderIter`` exactly (the same tasks go to
-the same workers in the same order, so random augmentation drawn in workers matches torch batch
-for batch). What differs: tasks and results travel on one SOCK_SEQPACKET channel per worker,
-batches arrive as zero-copy views of shared-memory slots, and a worker's death is seen through a
-pidfd in the same wait as the data, named, and, with the user's leave, survived: the worker is
-restarted and exactly the tasks it had in flight are re-issued.
+It owns four parts, each with one job and its own state:
+- ``TaskTable`` (_tasks.py): which worker has which task, the reorder buffer, re-issue records;
+- ``WorkerSet`` (_worker_set.py): the processes, the only user of the C++ Supervisor; it waits,
+  watches for hangs and names deaths;
+- ``Recovery`` (_recovery.py): restart or raise on a death, the budget, quarantine;
+- ``IterStats`` (_stats.py): counters, the data-stall notice, ``stats()``.
+
+Task scheduling mirrors torch's ``_MultiProcessingDataLoaderIter`` (the same tasks go to the same
+workers in the same order, so random augmentation drawn in workers matches torch batch for
+batch). Tasks and results travel on one SOCK_SEQPACKET channel per worker, batches arrive as
+zero-copy views of shared-memory slots, and a worker's death is seen through a pidfd in the same
+wait as the data.
+
+Thread contract: one thread iterates at a time (as with torch); ``stats()``, ``_workers`` and
+``_shutdown_workers()`` may be called from any thread, also while another thread iterates.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
-import logging
-import os
+import pickle
+import threading
 import time
 import warnings
 import weakref
 
 import torch
-from torch.utils.data import IterableDataset
-from torch.utils.data._utils.collate import default_collate, default_convert
-from torch.utils.data.dataloader import _BaseDataLoaderIter
+from torch.utils.data import IterableDataset, default_collate, default_convert
 
-from . import _board, _cgroup, _fdpass, _protocol, _stoker, _worker
-from ._errors import BatchEncodingError, CollateError, EngineError
-from ._observation import Observation
+from . import _board, _protocol, _torch_compat, _worker
+from ._errors import BatchEncodingError, CollateError, WorkerCrashed, WorkerHung
 from ._protocol import (
     MODE_AS_IS,
     MODE_COLLATE,
@@ -38,18 +42,13 @@ from ._protocol import (
     MSG_SKIPPED,
     MSG_TASK,
 )
-from ._supervision import _EXIT_GRACE_S, Supervision, _hashable_in
-from ._supervision import Dropped as _Dropped
+from ._recovery import Recovery
+from ._stats import IterStats
+from ._tasks import Dropped, End, TaskTable
+from ._worker_set import CHECK_EVERY_S, Exit, WorkerSet
 
-log = logging.getLogger("stoker")
-
-
-
-class _End:
-    """An iterable dataset ran out in this worker."""
-
-    def __init__(self, worker_id):
-        self.worker_id = worker_id
+# Without hang_timeout or timeout, the wait still wakes this often to look for stuck workers.
+_WATCH_S = 0.5
 
 
 class _Failure:
@@ -107,7 +106,7 @@ def _context(loader):
             "may hang or crash). Starting workers with 'forkserver' instead. To silence this, "
             "pass multiprocessing_context='forkserver' or 'spawn', or create the DataLoader "
             "before touching CUDA.",
-            stacklevel=4,
+            stacklevel=5,
         )
         ctx = torch.multiprocessing.get_context("forkserver")
     return ctx
@@ -122,8 +121,6 @@ def _cuda_initialized() -> bool:
 
 def _unpicklable_part(dataset) -> str | None:
     """Names the attribute of `dataset` that cannot be pickled (for spawn/forkserver)."""
-    import pickle
-
     try:
         pickle.dumps(dataset)
         return None
@@ -142,7 +139,7 @@ def _unpicklable_part(dataset) -> str | None:
     return f"the dataset itself (a {type(dataset).__name__}: {top_error})"
 
 
-class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
+class MultiProcessIter(_torch_compat.base_iterator()):
     def __init__(self, loader) -> None:
         super().__init__(loader)
         if loader.prefetch_factor <= 0:
@@ -156,124 +153,94 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
         self._kind = _worker.ITERABLE if isinstance(self._dataset, IterableDataset) else _worker.MAP
         self._state = loader._stoker_state
         self._opts = loader._stoker_options
-        self._ctx = _context(loader)
         self._shutdown = False
-        self._sup = _stoker.Supervisor()
-        _fdpass.register_supervisor(self._sup)
-        self._procs: list = [None] * self._num_workers
-        self._leaving: set[int] = set()  # workers told to exit: their exit is no error
-        self._hung: dict[int, tuple] = {}  # worker -> (index, seconds, stack) when we killed it
-        self._last_hang_check = 0.0
-        self._task_index: dict[int, object] = {}  # task -> what the sampler yielded, to re-issue
-        self._oom_before = _cgroup.oom_kills()
-        self._restarts_by_worker = [0] * self._num_workers
+        self._shutdown_lock = threading.Lock()
+        n = self._num_workers
+        self._board = _board.Board(n)
+        ctx = _context(loader)
+        self._set = WorkerSet(ctx, n, self._worker_args(ctx.get_start_method()), self._board)
+        self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
+        self._stats = IterStats(self._board, self._set, self._opts["stall_notice"])
+        self._recovery = Recovery(self._state, self._opts, n, self._kind == _worker.MAP)
+        self._resetting = False
+        self._restarted_in_reset: set = set()
+        self._awaiting_resume: set = set()  # persistent workers asked to start a new epoch
+        try:
+            self._start(self._set.start_all)
+            self._reset(loader, first_iter=True)
+        except BaseException:
+            self._shutdown_workers()
+            raise
+        # Only a complete iterator is visible to stats() (from any thread).
         self._state.iterator = weakref.ref(self)
-        self._board = _board.Board(self._num_workers)
-        self._start_workers()
-        self._reset(loader, first_iter=True)
 
     # -- workers -------------------------------------------------------------------------------
-    def _start_workers(self) -> None:
-        forking = self._ctx.get_start_method() == "fork"
-        if forking:
-            gc.freeze()  # objects that exist now are not touched by a worker's GC: fewer COW pages
-        try:
-            for i in range(self._num_workers):
-                self._start_worker(i)
-        finally:
-            if forking:
-                gc.unfreeze()
+    def _worker_args(self, method: str) -> tuple:
+        """The arguments of ``_worker.worker_main`` after (channel, worker id): a plain tuple,
+        so the worker set holds no reference back to this iterator."""
+        return (
+            self._num_workers, self._kind, self._dataset, self._auto_collation,
+            self._collate_fn, self._collate_mode, self._drop_last, self._base_seed,
+            self._worker_init_fn,
+            # The worker checks that its parent is still there; under forkserver its parent is
+            # the fork server, not this process (the channel covers us).
+            _worker.parent_pid_for(method),
+            self._opts["on_error"], self._opts["max_retries"], self._board.token,
+        )
 
-    def _start_worker(self, worker_id: int) -> None:
-        main_end, child_end = _stoker.channel_pair()
-        _fdpass._pending.update((main_end, child_end))
-        method = self._ctx.get_start_method()
+    def _start(self, start) -> None:
+        """Runs `start` (starting workers); a pickling failure under spawn/forkserver is warned
+        about as torch does and names the part of the dataset that cannot be pickled."""
         try:
-            proc = self._ctx.Process(
-                target=_worker.worker_main,
-                args=(
-                    _fdpass.ChannelFd(child_end),
-                    worker_id,
-                    self._num_workers,
-                    self._kind,
-                    self._dataset,
-                    self._auto_collation,
-                    self._collate_fn,
-                    self._collate_mode,
-                    self._drop_last,
-                    self._base_seed,
-                    self._worker_init_fn,
-                    # The worker checks that its parent is still there; under forkserver its
-                    # parent is the fork server, not this process (the channel covers us).
-                    os.getpid() if method != "forkserver" else 0,
-                    self._opts["on_error"],
-                    self._opts["max_retries"],
-                    self._board.token,
-                ),
-                daemon=True,
-            )
-            try:
-                proc.start()
-            except Exception as e:
-                if method != "fork":
-                    culprit = _unpicklable_part(self._dataset)
-                    if culprit:
-                        raise type(e)(
-                            f"{e}\nstoker: starting a worker with '{method}' pickles the "
-                            f"dataset, and {culprit} cannot be pickled. Create it lazily in the "
-                            "worker (in worker_init_fn or on first use in __getitem__), or use "
-                            "multiprocessing_context='fork'."
-                        ) from e
+            start()
+        except (TypeError, AttributeError, pickle.PicklingError) as e:
+            method = self._set._method
+            if method == "fork":
                 raise
-        except BaseException:
-            _fdpass._pending.difference_update((main_end, child_end))
-            os.close(main_end)
-            os.close(child_end)
+            warnings.warn(
+                "Got pickle error when attempting to start a worker Process. This might be "
+                "because the worker Process arguments are not picklable: with "
+                f"'{method}' the dataset, collate_fn and worker_init_fn are pickled. You can "
+                "also try multiprocessing_context='fork'.",
+                stacklevel=5,
+            )
+            culprit = _unpicklable_part(self._dataset)
+            if culprit is None:
+                for name in ("collate_fn", "worker_init_fn"):
+                    fn = getattr(self, f"_{name}")
+                    try:
+                        pickle.dumps(fn)
+                    except Exception as inner:
+                        culprit = f"{name} ({fn!r}: {inner})"
+                        break
+            if culprit:
+                raise type(e)(
+                    f"{e}\nstoker: starting a worker with '{method}' pickles its arguments, and "
+                    f"{culprit} cannot be pickled. Define it at module level, create it lazily "
+                    "in the worker (in worker_init_fn or on first use in __getitem__), or use "
+                    "multiprocessing_context='fork'."
+                ) from e
             raise
-        _fdpass._pending.difference_update((main_end, child_end))
-        os.close(child_end)
-        self._sup.add_worker(worker_id, main_end, proc.pid)
-        self._procs[worker_id] = proc
 
-    def _stop_worker(self, worker_id: int) -> None:
-        """Closes the worker's channel: its watchdog ends it at once."""
-        self._leaving.add(worker_id)
-        self._sup.remove_worker(worker_id)
+    @property
+    def _workers(self) -> list:
+        """The live worker processes (torch's iterator has this list; some code reads it)."""
+        return self._set.processes
 
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader, first_iter=False) -> None:
         super()._reset(loader, first_iter)
         self._state.epoch += 1
-        self._restarts = 0
-        self._yielded = 0
-        self._waited_s = 0.0
-        self._started_at = None  # when the loop first asked for a batch this epoch
-        self._stall_noted = False
-        self._board.set("epoch", self._state.epoch)
-        self._board.set("batches_yielded", 0)
-        self._board.set("waited_ns", 0)
-        self._board.set("started_ns", 0)
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info: dict = {}
-        self._task_index = {}
-        self._synthetic: list = []  # (task, result) made without a worker
-        self._restarted_in_reset: set = set()  # workers restarted while a new epoch starts
-        self._resetting = False
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        self._stats.new_epoch(self._state.epoch)
+        self._recovery.new_epoch()
+        self._tasks.reset()
         if not first_iter:
             # Persistent workers: a new epoch. Results of the old one still in flight are dropped.
-            waiting = set()
             self._resetting = True
+            waiting = self._awaiting_resume
             for w in range(self._num_workers):
-                if self._sup.has_worker(w):
-                    try:
-                        self._sup.send(w, MSG_RESUME, 0)
-                    except EngineError:
-                        pass  # it died between epochs: the wait below handles its death
+                if self._set.has(w):
+                    self._set.send(w, MSG_RESUME, 0)  # if it died, the wait below sees it
                     waiting.add(w)
             while waiting:
                 ev = self._wait()
@@ -283,89 +250,158 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
                     waiting.discard(ev[1])
             self._restarted_in_reset.clear()
             self._resetting = False
-        for _ in range(self._prefetch_factor * self._num_workers):
+        for _ in range(self._tasks.max_tasks):
             self._try_put_index()
 
     def _try_put_index(self) -> None:
-        max_tasks = self._prefetch_factor * self._num_workers
-        assert self._tasks_outstanding < max_tasks
+        t = self._tasks
+        assert t.has_room()
         try:
             index = self._next_index()
         except StopIteration:
             return
-        for _ in range(self._num_workers):  # the next active worker, as torch picks it
-            worker_id = next(self._worker_queue_idx_cycle)
-            if self._workers_status[worker_id]:
-                if self._in_order:
-                    break
-                if self._workers_num_tasks[worker_id] < max_tasks // sum(self._workers_status):
-                    break
-        else:
+        worker_id = t.pick_worker()
+        if worker_id is None:
             return
-        task = self._send_idx
-        self._task_info[task] = (worker_id,)
-        self._workers_num_tasks[worker_id] += 1
-        self._tasks_outstanding += 1
-        self._send_idx += 1
-        index = self._without_quarantined(task, index)
-        self._task_index[task] = index
-        if index is _Dropped:
-            self._arrived(task, _Dropped())
+        index = self._without_quarantined(index)
+        task = t.add(worker_id, index)
+        if index is Dropped:
+            t.synthetic.append((task, Dropped()))
             return
         self._send_task(worker_id, task, index)
 
     def _send_task(self, worker_id, task, index) -> None:
         fmt, payload = _protocol.encode_index(index)
-        try:
-            self._sup.send(worker_id, MSG_TASK, task, fmt, payload)
-        except EngineError:
-            pass  # the worker is gone: its death, with this task, is reported by the next wait
+        self._set.send(worker_id, MSG_TASK, task, fmt, payload)
 
-    def _without_quarantined(self, task, index):
-        bad = self._state.quarantined
-        if not bad or self._kind != _worker.MAP:
+    def _without_quarantined(self, index):
+        if not self._state.quarantined or self._kind != _worker.MAP:
             return index
         if isinstance(index, list):
-            kept = [i for i in index if not _hashable_in(i, bad)]
+            kept = [i for i in index if not self._recovery.is_quarantined(i)]
             if len(kept) == len(index):
                 return index
-            return kept if kept else _Dropped
-        return _Dropped if _hashable_in(index, bad) else index
+            return kept if kept else Dropped
+        return Dropped if self._recovery.is_quarantined(index) else index
+
+    # -- waiting -------------------------------------------------------------------------------
+    def _wait(self):
+        """The next message; deaths are handled (restart or raise) on the way. None when a
+        death produced something the caller must look at (a synthetic result, a restart while
+        a new epoch starts)."""
+        timeout = self._timeout if self._timeout > 0 else None
+        hang = self._opts["hang_timeout"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slice_max = CHECK_EVERY_S if hang is not None else _WATCH_S
+        while True:
+            slice_s = slice_max
+            if deadline is not None:
+                slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
+            ev = self._set.wait(slice_s)
+            self._set.check(self._queued(), hang)
+            if ev is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._raise_timeout()
+                continue
+            if isinstance(ev, Exit):
+                self._on_exit(ev)
+                if self._tasks.synthetic or self._restarted_in_reset:
+                    return None
+                continue
+            return ev
+
+    def _queued(self) -> dict:
+        """worker -> messages it has not answered yet (tasks, a new epoch's RESUME)."""
+        queued = self._tasks.queued_per_worker()
+        for w in self._awaiting_resume:
+            queued[w] = queued.get(w, 0) + 1
+        return queued
+
+    def _raise_timeout(self):
+        info = self._tasks.info.get(self._tasks.rcvd_idx)
+        msg = f"DataLoader timed out after {self._timeout} seconds"
+        if info and len(info) == 1:
+            w = info[0]
+        else:  # a new epoch of persistent workers waits for one to answer
+            w = min(self._awaiting_resume, default=None)
+        if w is None or not self._set.has(w):
+            raise WorkerHung(msg, worker_id=None, pid=None, index=None, stack="")
+        st = self._set.status(w) or {}
+        pid = self._set.pid(w)
+        index = st.get("index")
+        stuck = self._set.stuck().get(w)
+        if stuck is not None:
+            if not stuck.stack and not stuck.stopped:
+                stuck.stack = self._set.capture_stack(w)
+            stack = stuck.stack
+            msg += f": waiting for batch {self._tasks.rcvd_idx}; {stuck.describe()}"
+        else:
+            stack = self._set.capture_stack(w)
+            doing = st.get("state", "working")
+            msg += (
+                f": waiting for batch {self._tasks.rcvd_idx} from worker {w} (pid {pid}), which "
+                f"has been {doing} for {st.get('state_seconds', 0):.1f} s"
+                + (f" on dataset index {index!r}" if index is not None else "")
+                + "."
+            )
+            if stack:
+                msg += f"\nIts Python stack now:\n{stack}"
+        msg += (
+            "\nWhat to do: find what that sample waits on (I/O, a lock, a subprocess); raise "
+            "timeout if it is legitimately slow, or set hang_timeout to restart such workers."
+        )
+        raise WorkerHung(msg, worker_id=w, pid=pid, index=index, stack=stack)
+
+    def _on_exit(self, ex) -> None:
+        tasks = self._tasks.in_flight(ex.worker_id)
+        indices = [ex.index] if ex.index is not None else self._tasks.indices_of(tasks)
+
+        def crashed(death, indices, message):
+            self._shutdown_workers()
+            return WorkerCrashed(message, worker_id=death.worker_id, pid=death.pid,
+                                 signal=death.signal, exit_code=death.exit_code,
+                                 cause=death.cause, indices=indices)
+
+        self._recovery.on_exit(ex, tasks, indices, self._board, crashed)
+        self._set.restarts[ex.worker_id] += 1
+        self._start(lambda: self._set.start(ex.worker_id))
+        if self._resetting:
+            self._restarted_in_reset.add(ex.worker_id)
+        for task in tasks:  # in their original order: results keep their places
+            index = self._without_quarantined(self._tasks.index[task])
+            self._tasks.index[task] = index
+            if index is Dropped:
+                self._tasks.synthetic.append((task, Dropped()))
+            else:
+                self._send_task(ex.worker_id, task, index)
 
     # -- results -------------------------------------------------------------------------------
-    def _arrived(self, task, data) -> None:
-        """`task` has its result without a worker (every sample quarantined): it is delivered
-        through the receive path like any other, so the bookkeeping stays in one place and a
-        wait in progress returns instead of waiting for a message that will never come."""
-        self._synthetic.append((task, data))
-
     def _get_data(self):
         t = time.monotonic()
         try:
             return self._receive()
         finally:
-            waited = time.monotonic() - t
-            self._waited_s += waited
-            self._board.add("waited_ns", int(waited * 1e9))
+            self._stats.waited(time.monotonic() - t)
 
     def _receive(self):
+        tasks = self._tasks
         while True:
-            if self._synthetic:
-                task, data = self._synthetic.pop(0)
-                if task in self._task_info and len(self._task_info[task]) == 1:
+            if tasks.synthetic:
+                task, data = tasks.synthetic.popleft()
+                if tasks.is_live(task):
                     return task, data
                 continue
             ev = self._wait()
             if ev is None:  # a death produced a synthetic result: look again
                 continue
             _, worker_id, mtype, task, a, b, c, payload, pending = ev
-            live = task in self._task_info and len(self._task_info[task]) == 1
+            live = tasks.is_live(task)
             if mtype == MSG_SKIPPED:
                 if live:  # a re-issued task's first attempt already reported its skips
                     for index, reason in _protocol.decode_error(payload):
-                        self._record_skip(index, reason)
+                        self._recovery.record_skip(index, reason, self._board)
                     if a == 1:
-                        return task, _Dropped()
+                        return task, Dropped()
                 continue
             if not live:
                 if pending is not None:
@@ -376,96 +412,95 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
             if mtype == MSG_ERROR:
                 return task, _Failure(_protocol.decode_error(payload))
             if mtype == MSG_END:
-                return task, _End(worker_id)
+                return task, End(worker_id)
             # anything else (a late RESUMED) is not a result
 
+    def __next__(self):
+        self._stats.asking()
+        batch = super().__next__()
+        self._stats.yielded_one()
+        return batch
+
     def _next_data(self):
+        t = self._tasks
         while True:
-            while self._rcvd_idx < self._send_idx:
-                info = self._task_info.get(self._rcvd_idx)
+            while t.rcvd_idx < t.send_idx:
+                info = t.info.get(t.rcvd_idx)
                 if info:
                     worker_id = info[0]
-                    if len(info) == 2 or self._workers_status[worker_id]:
+                    if len(info) == 2 or t.active[worker_id]:
                         break
-                    del self._task_info[self._rcvd_idx]
-                self._rcvd_idx += 1
+                    del t.info[t.rcvd_idx]
+                t.rcvd_idx += 1
             else:
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
 
-            if len(self._task_info[self._rcvd_idx]) == 2:
-                worker_id, data = self._task_info.pop(self._rcvd_idx)
-                self._rcvd_idx += 1
+            if len(t.info[t.rcvd_idx]) == 2:
+                worker_id, data = t.info.pop(t.rcvd_idx)
+                t.rcvd_idx += 1
                 out = self._process_data(data, worker_id)
-                if out is _Dropped:
+                if out is Dropped:
                     continue
                 return out
 
-            assert not self._shutdown and self._tasks_outstanding > 0
+            assert not self._shutdown and t.outstanding > 0
             idx, data = self._get_data()
-            self._tasks_outstanding -= 1
-            self._task_index.pop(idx, None)
-            if isinstance(data, _End):
+            t.received(idx)
+            if isinstance(data, End):
                 if self._persistent_workers:
-                    self._workers_status[data.worker_id] = False
+                    t.active[data.worker_id] = False
                 else:
                     self._mark_worker_as_unavailable(data.worker_id)
                 self._try_put_index()
                 continue
-            if idx != self._rcvd_idx:
+            if idx != t.rcvd_idx:
                 if not self._in_order:
-                    worker_id = self._task_info.pop(idx)[0]
+                    worker_id = t.info.pop(idx)[0]
                     out = self._process_data(data, worker_id)
-                    if out is _Dropped:
+                    if out is Dropped:
                         continue
                     return out
-                self._task_info[idx] += (data,)
+                t.info[idx].append(data)
             else:
-                worker_id = self._task_info.pop(idx)[0]
-                self._rcvd_idx += 1
+                worker_id = t.info.pop(idx)[0]
+                t.rcvd_idx += 1
                 out = self._process_data(data, worker_id)
-                if out is _Dropped:
+                if out is Dropped:
                     continue
                 return out
 
     def _process_data(self, data, worker_id):
-        self._workers_num_tasks[worker_id] -= 1
+        self._tasks.done(worker_id)
         self._try_put_index()
-        if isinstance(data, _Dropped):
-            return _Dropped
+        if isinstance(data, Dropped):
+            return Dropped
         if isinstance(data, _Failure):
             data.reraise()
         batch = data.decode()
         if self._pin_memory:
-            from torch.utils.data._utils.pin_memory import pin_memory
-
-            batch = pin_memory(batch, self._pin_memory_device)
+            batch = _torch_compat.pin_memory(batch, self._pin_memory_device)
         return batch
 
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
-        self._workers_status[worker_id] = False
-        self._stop_worker(worker_id)
+        self._tasks.active[worker_id] = False
+        self._set.stop(worker_id)
 
-    # -- shutdown ------------------------------------------------------------------------------
+    # -- observing (any thread) ------------------------------------------------------------------
+    def stats(self) -> dict:
+        return self._stats.snapshot()
+
+    # -- shutdown (any thread) -------------------------------------------------------------------
     def _shutdown_workers(self) -> None:
-        if self._shutdown:
-            return
-        self._shutdown = True
-        for key in list(self._task_info):
-            info = self._task_info.pop(key)
-            if len(info) == 2 and hasattr(info[1], "discard"):
-                info[1].discard()
-        for w in range(self._num_workers):
-            self._sup.remove_worker(w)  # closing the channel ends the worker
-        deadline = time.monotonic() + _EXIT_GRACE_S
-        for proc in self._procs:
-            if proc is not None:
-                proc.join(timeout=max(0.0, deadline - time.monotonic()))
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        self._procs = [None] * self._num_workers
+        with self._shutdown_lock:
+            if self._shutdown:
+                return
+            self._shutdown = True
+        for data in self._tasks.drain():
+            if hasattr(data, "discard"):
+                data.discard()
+        self._set.shutdown()
         self._board.close()
 
     def __del__(self):

@@ -9,12 +9,15 @@ stoker's supervised multi-process iterator.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch.utils.data
-from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
 
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
+from ._torch_compat import single_process_iterator
+
+T_co = TypeVar("T_co", covariant=True)
 
 _DEATH_POLICIES = ("restart", "raise")
 _ERROR_POLICIES = ("raise", "skip", "retry")
@@ -34,15 +37,15 @@ class _LoaderState:
 
     def record_skip(self, rec: SkippedSample) -> None:
         """Keeps the record; logs each index once, however many epochs skip it."""
-        from ._supervision import _key, log
+        from ._recovery import key, log
 
         self.skipped.append(rec)
-        if _key(rec.index) not in self.logged:
-            self.logged.add(_key(rec.index))
+        if key(rec.index) not in self.logged:
+            self.logged.add(key(rec.index))
             log.warning("stoker: skipped dataset index %r: %s", rec.index, rec.reason)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(torch.utils.data.DataLoader[T_co]):
     def __init__(
         self,
         dataset,
@@ -172,7 +175,7 @@ class _PolicyFetcher:
         return self.collate_fn(data)
 
 
-class _SingleProcessIter(_SingleProcessDataLoaderIter):
+class _SingleProcessIter(single_process_iterator()):
     """num_workers=0 with on_error="skip" or "retry"."""
 
     def __init__(self, loader):

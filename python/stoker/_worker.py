@@ -10,6 +10,8 @@ fatal signal or on request, and a copy of its stderr.
 from __future__ import annotations
 
 import faulthandler
+import gc
+import operator
 import os
 import pickle
 import random
@@ -17,6 +19,7 @@ import signal
 import sys
 
 from . import _collate, _fdpass, _protocol, _stoker
+from ._errors import EngineError
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher  # noqa: F401  (MAP re-exported)
 from ._protocol import (
     MODE_AS_IS,
@@ -37,6 +40,12 @@ DUMP_SIGNAL = signal.SIGRTMIN + 2
 _STDERR_KEEP = 256 * 1024
 
 
+def parent_pid_for(start_method: str) -> int:
+    """The pid a worker checks its parent against: this process, except under forkserver, where
+    the parent is the fork server (the channel's EOF covers this process there)."""
+    return os.getpid() if start_method != "forkserver" else 0
+
+
 def _seed(base_seed: int, worker_id: int) -> int:
     """Seeds random, torch and NumPy as torch's worker does; returns the worker's seed."""
     seed = base_seed + worker_id
@@ -45,17 +54,37 @@ def _seed(base_seed: int, worker_id: int) -> int:
         import torch
 
         torch.manual_seed(seed)
-        from torch.utils.data._utils.worker import _generate_state
     except ImportError:
-        _generate_state = None
+        return seed
     try:
         import numpy as np
 
-        if _generate_state is not None:
-            np.random.seed(_generate_state(base_seed, worker_id))
+        from ._torch_compat import numpy_seed
+
+        np.random.seed(numpy_seed(base_seed, worker_id))
     except ImportError:
         pass
     return seed
+
+
+def _status_index(index):
+    """`index` as an int for the status page when it is one (int, NumPy or 0-d tensor ints),
+    else None."""
+    if type(index) is int:
+        return index
+    try:
+        return operator.index(index)
+    except TypeError:
+        return None
+
+
+def _main_gone(fd: int) -> bool:
+    """True when the main process closed its end of the channel (it ended the iterator)."""
+    import select
+
+    p = select.poll()
+    p.register(fd, select.POLLRDHUP)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
 
 
 class _TeeStderr:
@@ -115,6 +144,10 @@ def worker_main(
     max_retries: int = 3,
     loader_token: int = 0,
 ) -> None:
+    # Objects inherited from the parent are left alone by this worker's garbage collector: their
+    # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
+    # here, in the child, so the parent's own gc.freeze() state is never touched.
+    gc.freeze()
     # Ctrl+C reaches the whole process group; the main process decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd = channel.fd
@@ -145,7 +178,7 @@ def worker_main(
     task_box = [0]
 
     def on_sample(index):
-        endpoint.enter(_protocol.STATE_FETCHING, task_box[0], index)
+        endpoint.enter(_protocol.STATE_FETCHING, task_box[0], _status_index(index))
         endpoint.add_sample()
 
     def new_fetcher():
@@ -160,63 +193,74 @@ def worker_main(
     except Exception as e:  # reported with the first task, as torch does
         init_error = e
 
-    ended = False
-    while True:
-        endpoint.enter(_protocol.STATE_IDLE, task_box[0], None)
-        msg = endpoint.receive()
-        if msg is None:
-            break
-        mtype, task, fmt, payload = msg
-        if mtype == MSG_STOP:
-            break
-        if mtype == MSG_RESUME:
-            ended = False
-            if init_error is None:
-                try:
-                    fetcher = new_fetcher()
-                except Exception as e:
-                    init_error = e
-            endpoint.send(MSG_RESUMED, task)
-            continue
-        if mtype != MSG_TASK or ended:
-            continue
-        task_box[0] = task
-        index = _protocol.decode_index(fmt, payload)
-        if init_error is not None:
-            endpoint.send(MSG_ERROR, task, 0, _protocol.encode_error(init_error, worker_id, None))
-            init_error = None
-            continue
-        try:
-            data = fetcher.fetch(index)
-        except StopIteration:
-            if kind == ITERABLE:
-                ended = True
-                _report_skipped(endpoint, task, fetcher, dropped=False)
-                endpoint.send(MSG_END, task)
+    def serve():
+        nonlocal init_error, fetcher
+        ended = False
+        while True:
+            endpoint.enter(_protocol.STATE_IDLE, task_box[0], None)
+            msg = endpoint.receive()
+            if msg is None:
+                break
+            mtype, task, fmt, payload = msg
+            if mtype == MSG_STOP:
+                break
+            if mtype == MSG_RESUME:
+                ended = False
+                if init_error is None:
+                    try:
+                        fetcher = new_fetcher()
+                    except Exception as e:
+                        init_error = e
+                endpoint.send(MSG_RESUMED, task)
                 continue
-            endpoint.send(MSG_ERROR, task, 0, _error(StopIteration(), worker_id, fetcher))
-            continue
-        except Dropped:
-            _report_skipped(endpoint, task, fetcher, dropped=True)
-            continue
-        except Exception as e:
-            endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
-            continue
-        _report_skipped(endpoint, task, fetcher, dropped=False)
-        try:
-            _send(endpoint, task, data, collate_fn, collate_mode, index if kind == MAP else None)
-        except Exception as e:
-            fetcher.current = index if kind == MAP else None
-            if on_error == "skip":
-                fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
-                                   for i in (index if isinstance(index, list) else [index])]
+            if mtype != MSG_TASK or ended:
+                continue
+            task_box[0] = task
+            index = _protocol.decode_index(fmt, payload)
+            if init_error is not None:
+                endpoint.send(MSG_ERROR, task, 0, _protocol.encode_error(init_error, worker_id, None))
+                init_error = None
+                continue
+            try:
+                data = fetcher.fetch(index)
+            except StopIteration:
+                if kind == ITERABLE:
+                    ended = True
+                    _report_skipped(endpoint, task, fetcher, dropped=False)
+                    endpoint.send(MSG_END, task)
+                    continue
+                endpoint.send(MSG_ERROR, task, 0, _error(StopIteration(), worker_id, fetcher))
+                continue
+            except Dropped:
                 _report_skipped(endpoint, task, fetcher, dropped=True)
-            else:
+                continue
+            except Exception as e:
                 endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
-        del data
-        endpoint.update_rss()
-    endpoint.enter(_stoker.STATE_IDLE, task_box[0], None)
-    os._exit(0)
+                continue
+            _report_skipped(endpoint, task, fetcher, dropped=False)
+            try:
+                _send(endpoint, task, data, collate_fn, collate_mode, index if kind == MAP else None)
+            except Exception as e:
+                fetcher.current = index if kind == MAP else None
+                if on_error == "skip":
+                    fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
+                                       for i in (index if isinstance(index, list) else [index])]
+                    _report_skipped(endpoint, task, fetcher, dropped=True)
+                else:
+                    endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
+            del data
+            endpoint.update_rss()
+
+    try:
+        serve()
+    except EngineError:
+        if not _main_gone(fd):
+            raise
+        # The main process ended the iterator (an epoch dropped mid-way, `del loader`): nothing
+        # to report and nobody to report it to.
+    endpoint.enter(_protocol.STATE_IDLE, task_box[0], None)
+    # Returning (not os._exit) lets multiprocessing flush stdout/stderr and run its exit
+    # cleanup in this process, as torch's workers do.
 
 
 def _report_skipped(endpoint, task, fetcher, dropped: bool) -> None:

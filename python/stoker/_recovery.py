@@ -1,0 +1,122 @@
+"""What happens when a worker dies: raise at once, or restart it and re-issue its work, within a
+restart budget; quarantine a sample that keeps killing workers.
+
+Thread contract: used by the iterating thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+from ._fetch import SkippedSample
+
+log = logging.getLogger("stoker")
+
+
+def key(index):
+    """A hashable stand-in for a dataset index: ints of every kind (NumPy, 0-d tensors) as int,
+    other hashables as themselves, the rest (lists, tensors...) by repr."""
+    if type(index) is not int:
+        try:
+            return operator.index(index)
+        except TypeError:
+            pass
+    try:
+        hash(index)
+        return index
+    except TypeError:
+        return repr(index)
+
+
+class Recovery:
+    def __init__(self, state, opts, num_workers: int, restartable: bool):
+        self._state = state  # the loader's _LoaderState: deaths, quarantine, skips
+        self._opts = opts
+        self._restartable = restartable  # map-style: a worker's work can be re-issued
+        budget = opts["max_restarts"]
+        self.budget = 3 * num_workers if budget is None else budget
+        self.new_epoch()
+
+    def new_epoch(self) -> None:
+        self.restarts = 0
+        # dataset index -> deaths while loading it, this epoch: a poison sample kills its
+        # worker again at once when re-issued, so one epoch is enough to see it, and two
+        # unrelated deaths epochs apart do not add up.
+        self._death_counts: dict = {}
+
+    def on_exit(self, ex, tasks, indices, board, crashed):
+        """Records the death `ex` (an ``_worker_set.Exit``) of a worker that held `tasks`.
+        Raises what `crashed(message)` returns when the policy says stop; returns normally when
+        the worker is to be restarted and its tasks re-issued."""
+        from ._deaths import Death, signal_name
+
+        st = self._state
+        death = Death(ex.worker_id, ex.pid, signal_name(ex.signum) if ex.signum else None, ex.exit_code, ex.cause,
+                      ex.index, st.epoch, list(tasks))
+        st.deaths.append(death)
+        board.add("deaths")
+        head = f"DataLoader worker {ex.worker_id} (pid {ex.pid}) {ex.explanation}"
+        if not ex.started:
+            if ex.outside:
+                raise crashed(death, indices,
+                              f"DataLoader worker {ex.worker_id} (pid {ex.pid}) {ex.explanation}"
+                              "\nIt was killed while starting, before it loaded anything.")
+            raise crashed(death, indices,
+                          f"DataLoader worker {ex.worker_id} (pid {ex.pid}) {ex.cause} while "
+                          "starting, before it loaded anything; its traceback, if any, is "
+                          "above on stderr. With 'spawn' or 'forkserver' the dataset and "
+                          "collate_fn are pickled and the worker imports them again: classes "
+                          "defined in __main__ of an interactive session or `python -c` cannot "
+                          "be found there; define them in a module.")
+        # Quarantine: a sample being loaded during `quarantine_after` deaths of one epoch is
+        # poison. An unexplained SIGKILL counts too: a sample whose loading gets its worker killed
+        # again when re-issued (by a watchdog reacting to it, say) is poison whoever sends the
+        # signal, and kills unrelated to the sample do not land on it twice in a row.
+        if ex.index is not None and (ex.busy or ex.hung):
+            k = key(ex.index)
+            count = self._death_counts.get(k, 0) + 1
+            self._death_counts[k] = count
+            if count >= self._opts["quarantine_after"]:
+                if self._opts["on_error"] != "skip":
+                    raise crashed(death, indices,
+                                  f"{head}\nDataset index {ex.index!r} was being loaded during "
+                                  f"{count} worker deaths this epoch: it is quarantined as "
+                                  "poison. Pass on_error='skip' to skip it and go on, or fix "
+                                  "the sample.")
+                self.quarantine(ex.index, f"quarantined after {count} worker deaths ({ex.cause})",
+                                board)
+        if self._opts["on_worker_death"] == "raise":
+            raise crashed(death, indices, head)
+        if not self._restartable:
+            raise crashed(death, indices,
+                          f"{head}\nstoker cannot restart a worker of an IterableDataset without "
+                          "repeating or losing samples (its position in the stream died with it).")
+        if self.restarts >= self.budget:
+            history = "\n".join(f"  - {d}" for d in st.deaths if d.epoch == st.epoch)
+            raise crashed(death, indices,
+                          f"{head}\nThat is {self.restarts + 1} worker deaths this epoch, over "
+                          f"the budget of max_restarts={self.budget}. Deaths this epoch:\n"
+                          f"{history}")
+        self.restarts += 1
+        board.add("restarts")
+        log.warning(
+            "stoker: DataLoader %s; restarted it (%d of %d restarts this epoch) and re-issued "
+            "%d batch(es).", death, self.restarts, self.budget, len(tasks),
+        )
+
+    # -- quarantine and skips ------------------------------------------------------------------
+    def is_quarantined(self, index) -> bool:
+        return key(index) in self._state.quarantined
+
+    def quarantine(self, index, reason: str, board) -> None:
+        k = key(index)
+        if k in self._state.quarantined:
+            return
+        self._state.quarantined.add(k)
+        self.record_skip(index, reason, board)
+
+    def record_skip(self, index, reason: str, board) -> None:
+        board.add("skipped")
+        self._state.record_skip(SkippedSample(index, reason, self._state.epoch))
+

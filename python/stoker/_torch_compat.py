@@ -1,0 +1,56 @@
+"""Every private name of torch that stoker uses, in one place.
+
+stoker subclasses torch's DataLoader and mirrors its multi-process iterator, so it leans on a few
+names torch does not promise to keep. They are all imported here, lazily where a worker may run
+without torch, so a torch release that moves one breaks this file and nothing else. The tested
+range is ``TESTED_TORCH`` (``in_order``, which stoker honours, first shipped in torch 2.6).
+"""
+
+from __future__ import annotations
+
+TESTED_TORCH = ">=2.6,<2.14"
+
+
+def base_iterator():
+    """``_BaseDataLoaderIter``: sampler iteration, ``_reset``, ``__next__`` and ``len``."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return _BaseDataLoaderIter
+
+
+def single_process_iterator():
+    """``_SingleProcessDataLoaderIter``: num_workers=0, torch's own."""
+    from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+    return _SingleProcessDataLoaderIter
+
+
+def collate_module():
+    """``torch.utils.data._utils.collate``: ``collate``, ``default_collate_fn_map``,
+    ``collate_tensor_fn`` (default_collate and default_convert are public)."""
+    from torch.utils.data._utils import collate
+
+    return collate
+
+
+def pin_memory(batch, device: str):
+    from torch.utils.data._utils.pin_memory import pin_memory as _pin
+
+    return _pin(batch, device)
+
+
+def numpy_seed(base_seed: int, worker_id: int):
+    """The NumPy seed torch's worker loop uses for this worker."""
+    from torch.utils.data._utils.worker import _generate_state
+
+    return _generate_state(base_seed, worker_id)
+
+
+def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset):
+    """Makes ``torch.utils.data.get_worker_info()`` answer in a stoker worker; returns the info."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                   dataset=dataset)
+    torch_worker._worker_info = info
+    return info
