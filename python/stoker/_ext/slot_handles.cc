@@ -9,15 +9,23 @@
 namespace stoker::py {
 
 SlotLease::~SlotLease() {
-  if (shared && segment) SlotWord(reinterpret_cast<SlotHeader*>(segment->data())).Release();
+  // In a forked child the slot still belongs to the main process: only the mapping goes.
+  // A release the slot refuses (stale generation) is dropped: nothing else holds the lease.
+  if (shared && segment && owner == getpid()) {
+    (void)SlotWord(reinterpret_cast<SlotHeader*>(segment->data())).Release(generation);
+  }
 }
 
-nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes,
-                      bool shared) {
+nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
+                      uint32_t generation) {
   const size_t available = segment->size() - offset;
   DecodedBatch batch;
   Status st = DecodeBatch(segment->data() + offset, std::min<uint64_t>(nbytes, available), &batch);
-  nb::object lease = nb::cast(new SlotLease{segment, shared}, nb::rv_policy::take_ownership);
+  auto* held = new SlotLease();
+  held->segment = segment;
+  held->shared = shared;
+  held->generation = generation;
+  nb::object lease = nb::cast(held, nb::rv_policy::take_ownership);
   if (!st.ok()) {
     RaiseStoker("CorruptBatchError",
                 st.message() +
@@ -30,6 +38,11 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
 
 nb::object PendingBatch::Decode() {
   if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
+  if (owner != getpid()) {
+    RaiseStoker("EngineError", "this batch belongs to the loader of process " +
+                                   std::to_string(owner) + "; a forked child cannot take it. "
+                                   "Iterate a DataLoader created in the child instead.");
+  }
   consumed = true;
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
   if (reinterpret_cast<SlotHeader*>(segment->data())->magic != kSlotMagic ||
@@ -42,16 +55,16 @@ nb::object PendingBatch::Decode() {
                     "'): its shared memory was "
                     "overwritten. The batch was dropped; the main process is unharmed.");
   }
-  return DecodeInto(segment, kSlotHeaderSize, nbytes, true);
+  return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation);
 }
 
 void PendingBatch::Discard() {
   if (consumed || !segment) return;
   consumed = true;
+  if (owner != getpid()) return;  // inherited by a forked child: the slot is not ours to free
+  // Only READY: a slot already LENT under this generation belongs to a lease.
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
-  if (word.generation() == generation && word.state() == static_cast<uint32_t>(SlotState::kReady)) {
-    word.Release();
-  }
+  if (word.state() == static_cast<uint32_t>(SlotState::kReady)) (void)word.Release(generation);
 }
 
 void register_slot_handles(nb::module_& m) {
