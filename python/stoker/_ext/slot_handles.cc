@@ -1,12 +1,54 @@
 #include "slot_handles.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <mutex>
+#include <set>
 
 #include "py_decode.h"
 #include "stoker/slot.h"
 #include "stoker/wire_decoder.h"
 
 namespace stoker::py {
+namespace {
+
+// Every live PendingBatch of this process, for the fork handler. Leaked on purpose (a fork or
+// a destructor may run while statics are destroyed at exit).
+std::mutex& PendingMutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::set<PendingBatch*>& Pending() {
+  static std::set<PendingBatch*>* s = new std::set<PendingBatch*>;
+  return *s;
+}
+
+void LockPending() { PendingMutex().lock(); }
+void UnlockPending() { PendingMutex().unlock(); }
+// In a forked child: the main process's pending batches are not ours; drop their mappings.
+void DropPendingInChild() {
+  for (PendingBatch* p : Pending()) {
+    p->consumed = true;
+    p->segment.reset();
+  }
+  PendingMutex().unlock();
+}
+
+}  // namespace
+
+PendingBatch::PendingBatch() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(&LockPending, &UnlockPending, &DropPendingInChild); });
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().insert(this);
+}
+
+PendingBatch::~PendingBatch() {
+  Discard();
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().erase(this);
+}
 
 SlotLease::~SlotLease() {
   // In a forked child the slot still belongs to the main process: only the mapping goes.
@@ -37,12 +79,12 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
 }
 
 nb::object PendingBatch::Decode() {
-  if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
   if (owner != getpid()) {
     RaiseStoker("EngineError", "this batch belongs to the loader of process " +
                                    std::to_string(owner) + "; a forked child cannot take it. "
                                    "Iterate a DataLoader created in the child instead.");
   }
+  if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
   consumed = true;
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
   if (reinterpret_cast<SlotHeader*>(segment->data())->magic != kSlotMagic ||

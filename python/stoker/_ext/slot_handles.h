@@ -7,9 +7,12 @@
 //
 // Both belong to the process that created them and name the slot generation they hold. A copy
 // inherited by a forked child (its GC may destroy it there) changes no slot state: the slot is
-// still in use by the main process. Only the child's mapping goes away with it.
+// still in use by the main process. Only the child's mapping goes away with it. Pending batches
+// are useless in a forked child (decode() refuses), so a fork handler drops their mappings in
+// the child at once; a lease keeps its mapping, because tensor views in the child may read it.
 //
-// Threads: these objects are only touched with the GIL held.
+// Threads: these objects are touched with the GIL held; the registry of pending batches has
+// its own mutex (taken by the fork handler while the process forks).
 #pragma once
 
 #include <sys/types.h>
@@ -37,7 +40,10 @@ struct PendingBatch {
   int worker = -1;
   bool consumed = false;
   pid_t owner = getpid();
-  ~PendingBatch() { Discard(); }
+  PendingBatch();
+  ~PendingBatch();
+  PendingBatch(const PendingBatch&) = delete;
+  PendingBatch& operator=(const PendingBatch&) = delete;
   nb::object Decode();
   void Discard();
 };
