@@ -9,7 +9,7 @@ JOBS     ?= 2
 
 PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 
-.PHONY: all demo test test-cpp test-py bench lint format fuzz install sysdeps clean
+.PHONY: all demo test test-cpp test-py bench lint format fuzz sanitize install sysdeps clean
 
 all: install
 
@@ -52,6 +52,19 @@ fuzz: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
 	$(VENV)/bin/cmake --build $(CPPBUILD) -j $(JOBS)
 	STOKER_FUZZ_SECONDS=$${STOKER_FUZZ_SECONDS:-300} $(CPPBUILD)/wire_fuzz_test
+
+# The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (with a short run of the wire
+# fuzzer), then the threaded tests under ThreadSanitizer. Separate build folders; not part of
+# `make test`. STOKER_FUZZ_SECONDS sets the fuzzer's run (default 20 s).
+TSAN_TESTS := supervisor_threads_test slot_test status_test channel_test segment_test
+sanitize: $(DEPS) sysdeps
+	$(VENV)/bin/cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF -DSTOKER_SANITIZE=address,undefined
+	$(VENV)/bin/cmake --build build/asan -j $(JOBS)
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(abspath $(VENV))/bin/ctest --output-on-failure -j $(JOBS) -E wire_fuzz_test
+	ASAN_OPTIONS=detect_leaks=1 STOKER_FUZZ_SECONDS=$${STOKER_FUZZ_SECONDS:-20} build/asan/wire_fuzz_test
+	$(VENV)/bin/cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF -DSTOKER_SANITIZE=thread
+	$(VENV)/bin/cmake --build build/tsan -j $(JOBS) --target $(TSAN_TESTS)
+	for t in $(TSAN_TESTS); do TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/tsan/$$t || exit 1; done
 
 lint: $(DEPS)
 	@command -v clang-format >/dev/null || (apt-get update -qq && apt-get install -y -qq clang-format)

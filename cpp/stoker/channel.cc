@@ -54,7 +54,12 @@ Status SendMessage(int sock, const MessageHeader& header_in, const void* payload
       close(big_fd);
       return st;
     }
-    fcntl(big_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+    // Sealed, so the receiver can trust its size and contents once it has checked the seals.
+    if (fcntl(big_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+      const int err = errno;
+      close(big_fd);
+      return Status::FromErrno("sealing the memfd of a large message", err);
+    }
     header.flags |= kFlagPayloadInMemfd;
     header.large_payload_bytes = size;
     payload = nullptr;

@@ -5,6 +5,10 @@
 // descriptor can travel with a message (SCM_RIGHTS, received close-on-exec). A payload larger
 // than kInlinePayloadMax travels in a sealed memfd attached to the message, so no message ever
 // exceeds the socket buffer.
+//
+// Threads: the functions keep no state; calls on different sockets are safe for concurrent use.
+// Several threads sending (or receiving) on one socket REQUIRE: external synchronization (the
+// engine has one sender and one receiver per socket end; the Supervisor holds its mutex).
 #pragma once
 
 #include <cstdint>

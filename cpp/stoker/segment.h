@@ -7,6 +7,10 @@
 //
 // memfd memory does not live in /dev/shm, so the size of that mount (64 MB in Docker) does not
 // limit it; the memory cgroup does.
+//
+// Threads: a Segment is immutable after creation; data() and size() are safe for concurrent use.
+// The bytes it maps have whatever contract their user gives them (slot.h, worker_status.h). The
+// mapping survives fork(); the Supervisor's fork handler drops the main process's slots.
 #pragma once
 
 #include <cstddef>

@@ -53,14 +53,23 @@ bool SlotWord::Lend(uint32_t generation) {
                                                 std::memory_order_acq_rel);
 }
 
-void SlotWord::Release() {
-  ref(h_->state).store(static_cast<uint32_t>(SlotState::kFree), std::memory_order_release);
+bool SlotWord::Release(uint32_t generation) {
+  // The generation only changes on FREE -> WRITING, so while the state below is LENT or READY
+  // the generation checked here is still the slot's.
+  if (this->generation() != generation) return false;
+  uint32_t state = this->state();
+  for (;;) {
+    if (state != static_cast<uint32_t>(SlotState::kLent) &&
+        state != static_cast<uint32_t>(SlotState::kReady)) {
+      return false;
+    }
+    if (ref(h_->state).compare_exchange_weak(state, static_cast<uint32_t>(SlotState::kFree),
+                                             std::memory_order_acq_rel)) {
+      break;
+    }
+  }
   FutexWake(&h_->state, 1);
-}
-
-Status SlotWord::WaitWhile(uint32_t state, int timeout_ms) const {
-  if (this->state() != state) return Status::OK();
-  return FutexWait(&h_->state, state, timeout_ms);
+  return true;
 }
 
 }  // namespace stoker

@@ -10,6 +10,10 @@
 //
 // The worker bumps `generation` every time it takes the slot for writing and names that
 // generation in its BATCH message, so the main process never reads a recycled slot by mistake.
+// Release is checked the same way: it names the generation it was lent with, and a release of
+// any other generation (a stale handle, a copy inherited by a forked child) changes nothing, so
+// no stray release can hand a slot that is still in use to the next batch. Each generation has
+// one holder in the main process (a PendingBatch, then a SlotLease), which releases it once.
 // The header is only a hint for the peer: the main process bounds everything by the size of its
 // own mapping, never by fields a worker could scribble over.
 #pragma once
@@ -45,6 +49,9 @@ struct SlotHeader {
 static_assert(sizeof(SlotHeader) == kSlotHeaderSize, "the header is part of the wire format");
 
 // Operations on a header that lives in shared memory. All of them are lock-free.
+//
+// Threads and processes: every operation is safe for concurrent use from any thread of any
+// process that maps the slot; each transition is one atomic step on the state word.
 class SlotWord {
  public:
   explicit SlotWord(SlotHeader* h) : h_(h) {}
@@ -62,10 +69,10 @@ class SlotWord {
   void AbandonWrite();
   // Main: READY -> LENT, only if the generation is the one announced.
   bool Lend(uint32_t generation);
-  // Main: LENT or READY -> FREE, then wakes a worker waiting for a free slot.
-  void Release();
-  // Worker: waits up to timeout_ms for the state to leave `state`.
-  Status WaitWhile(uint32_t state, int timeout_ms) const;
+  // Main: LENT or READY -> FREE, then wakes a worker waiting for a free slot; true if so.
+  // False, and nothing changed, when `generation` is not the slot's current generation or the
+  // slot is neither LENT nor READY (a stale or duplicate release).
+  [[nodiscard]] bool Release(uint32_t generation);
 
  private:
   static std::atomic_ref<uint32_t> ref(uint32_t& w) { return std::atomic_ref<uint32_t>(w); }

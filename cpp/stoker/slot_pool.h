@@ -6,6 +6,9 @@
 // the user holds plus the batches in flight, and the worker never waits for the user to let go.
 // Every new slot's memfd is sent to the main process (kSlotNew) before the first batch that uses
 // it; both sides close the descriptor once mapped, so neither holds one fd per slot.
+//
+// Threads: REQUIRES: external synchronization. A pool belongs to one worker, used by the thread
+// that encodes batches.
 #pragma once
 
 #include <cstdint>

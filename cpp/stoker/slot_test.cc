@@ -3,8 +3,13 @@
 #include "stoker/slot.h"
 
 #include <gtest/gtest.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstring>
@@ -25,6 +30,24 @@ constexpr uint32_t kLent = static_cast<uint32_t>(SlotState::kLent);
 
 int64_t MillisSince(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+// What a peer waiting for a slot to change state would do: a non-private FUTEX_WAIT on the
+// state word, with a timeout. OK when woken or when the word differs already.
+Status FutexWait(const uint32_t* word, uint32_t expected, int timeout_ms) {
+  struct timespec ts;
+  ts.tv_sec = timeout_ms / 1000;
+  ts.tv_nsec = static_cast<long>(timeout_ms % 1000) * 1000000L;
+  long rc = syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+  if (rc == 0 || errno == EAGAIN) return Status::OK();
+  if (errno == ETIMEDOUT) return Status::Error(Code::kTimeout, "futex wait timed out");
+  if (errno == EINTR) return Status::Error(Code::kInterrupted, "futex wait interrupted", EINTR);
+  return Status::FromErrno("futex wait", errno);
+}
+
+Status WaitWhileState(const SlotHeader* h, uint32_t state, int timeout_ms) {
+  if (SlotWord(const_cast<SlotHeader*>(h)).state() != state) return Status::OK();
+  return FutexWait(&h->state, state, timeout_ms);
 }
 
 // A slot header in a MAP_SHARED memfd segment, so forked children share it.
@@ -67,7 +90,7 @@ TEST_F(SlotTest, FullCycleAndGenerationBump) {
     EXPECT_EQ(h_->payload_bytes, 1234u + round);
     ASSERT_TRUE(w.Lend(gen));
     EXPECT_EQ(w.state(), kLent);
-    w.Release();
+    EXPECT_TRUE(w.Release(gen));
     EXPECT_EQ(w.state(), kFree);
   }
 }
@@ -113,9 +136,35 @@ TEST_F(SlotTest, ReleaseFromReadyAndAbandonWrite) {
   ASSERT_TRUE(w.BeginWrite(&gen));
   EXPECT_EQ(gen, 2u);  // the abandoned write still consumed a generation
   w.Publish(1);
-  w.Release();
+  EXPECT_TRUE(w.Release(gen));
   EXPECT_EQ(w.state(), kFree);
   EXPECT_FALSE(w.Lend(gen));  // a discarded batch cannot be lent any more
+}
+
+// A release that does not name the slot's current generation, or that finds the slot neither
+// LENT nor READY, changes nothing: a stale handle (or one a forked child inherited) cannot hand
+// a slot that holds a newer batch back to the worker.
+TEST_F(SlotTest, StrayReleaseChangesNothing) {
+  SlotWord w(h_);
+  uint32_t old_gen = 0, gen = 0;
+  ASSERT_TRUE(w.BeginWrite(&old_gen));
+  w.Publish(1);
+  ASSERT_TRUE(w.Lend(old_gen));
+  ASSERT_TRUE(w.Release(old_gen));
+  EXPECT_FALSE(w.Release(old_gen));  // twice: already FREE
+  EXPECT_EQ(w.state(), kFree);
+
+  ASSERT_TRUE(w.BeginWrite(&gen));
+  EXPECT_FALSE(w.Release(gen));  // WRITING belongs to the worker
+  EXPECT_EQ(w.state(), kWriting);
+  w.Publish(2);
+  ASSERT_TRUE(w.Lend(gen));
+  EXPECT_FALSE(w.Release(old_gen));  // the previous batch's holder, late
+  EXPECT_FALSE(w.Release(gen + 1));
+  EXPECT_EQ(w.state(), kLent);
+  EXPECT_EQ(w.generation(), gen);
+  EXPECT_TRUE(w.Release(gen));
+  EXPECT_EQ(w.state(), kFree);
 }
 
 // A slot recycled by the worker is not lent under the generation of its previous batch.
@@ -124,7 +173,7 @@ TEST_F(SlotTest, StaleGenerationIsRejectedAfterRecycle) {
   uint32_t old_gen = 0, new_gen = 0;
   ASSERT_TRUE(w.BeginWrite(&old_gen));
   w.Publish(1);
-  w.Release();
+  ASSERT_TRUE(w.Release(old_gen));
   ASSERT_TRUE(w.BeginWrite(&new_gen));
   w.Publish(2);
   EXPECT_NE(old_gen, new_gen);
@@ -143,16 +192,15 @@ TEST(SlotStateNameTest, Names) {
 
 // Waiting while the state holds runs into the timeout; a different state returns at once.
 TEST_F(SlotTest, WaitWhileTimesOut) {
-  SlotWord w(h_);
   auto t0 = Clock::now();
-  Status st = w.WaitWhile(kFree, 60);
+  Status st = WaitWhileState(h_, kFree, 60);
   const int64_t ms = MillisSince(t0);
   EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
   EXPECT_GE(ms, 50);
   EXPECT_LT(ms, 2000);
 
   t0 = Clock::now();
-  EXPECT_TRUE(w.WaitWhile(kLent, 5000).ok());
+  EXPECT_TRUE(WaitWhileState(h_, kLent, 5000).ok());
   EXPECT_LT(MillisSince(t0), 1000);
 }
 
@@ -173,7 +221,7 @@ TEST(FutexTest, WaitSemantics) {
   EXPECT_LT(ms, 3000);
 }
 
-// A forked child waiting in WaitWhile(LENT) on the shared word is woken by the parent's
+// A forked child waiting while the state is LENT on the shared word is woken by the parent's
 // Release(): it returns OK well before its own 3 s timeout and sees FREE.
 TEST_F(SlotTest, ReleaseWakesWaiterInAnotherProcess) {
   SlotWord w(h_);
@@ -192,7 +240,7 @@ TEST_F(SlotTest, ReleaseWakesWaiterInAnotherProcess) {
     char c = 'r';
     if (write(ready[1], &c, 1) != 1) _exit(10);
     const auto t0 = Clock::now();
-    Status st = cw.WaitWhile(kLent, 3000);
+    Status st = WaitWhileState(h_, kLent, 3000);
     const int64_t ms = MillisSince(t0);
     if (!st.ok()) _exit(st.code() == Code::kTimeout ? 2 : 3);
     if (cw.state() != kFree) _exit(4);
@@ -205,7 +253,7 @@ TEST_F(SlotTest, ReleaseWakesWaiterInAnotherProcess) {
   close(ready[0]);
   usleep(150 * 1000);  // let the child block in FUTEX_WAIT
   const auto t0 = Clock::now();
-  w.Release();
+  ASSERT_TRUE(w.Release(gen));
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_LT(MillisSince(t0), 2000);

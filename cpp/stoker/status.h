@@ -1,6 +1,10 @@
 // Status: the one error model of the stoker core. A Status is a value; OK carries nothing,
 // an error carries a code, the errno that caused it (0 when none) and a message written for a
 // person. The core never throws; the Python binding turns Status into exceptions.
+//
+// Threads: a Status is a plain value. Distinct Status objects may be used from any threads;
+// one object shared between threads REQUIRES: external synchronization (like std::string).
+// Status is [[nodiscard]]: a result nobody looks at is a bug, so the compiler says so.
 #pragma once
 
 #include <string>
@@ -18,9 +22,10 @@ enum class Code {
   kClosed,           // the peer closed its end of the channel
   kInterrupted,      // a wait returned early because of a signal (EINTR)
   kTooLarge,         // a batch or message exceeds what the format can describe
+  kWrongProcess,     // the object belongs to another process (this one was forked from it)
 };
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   static Status OK() { return Status(); }

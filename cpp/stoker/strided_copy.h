@@ -1,4 +1,6 @@
 // Copies an N-d strided array into a dense C-ordered destination, one pass over the bytes.
+//
+// Threads: pure functions; safe for concurrent use (on destinations that do not overlap).
 #pragma once
 
 #include <cstddef>

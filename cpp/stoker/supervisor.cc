@@ -1,5 +1,6 @@
 #include "stoker/supervisor.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "stoker/slot.h"
 
@@ -21,32 +23,130 @@ namespace {
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
-uint64_t Tag(int worker, bool is_pidfd) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(worker)) << 1) | (is_pidfd ? 1 : 0);
+// An event's tag: the worker id, the serial of that worker's registration, and which of its
+// two descriptors fired.
+uint64_t Tag(int worker, uint32_t serial, bool is_pidfd) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(worker)) << 32) |
+         (static_cast<uint64_t>(serial & 0x7fffffffu) << 1) | (is_pidfd ? 1 : 0);
+}
+int TagWorker(uint64_t tag) { return static_cast<int>(static_cast<uint32_t>(tag >> 32)); }
+uint32_t TagSerial(uint64_t tag) { return static_cast<uint32_t>(tag >> 1) & 0x7fffffffu; }
+
+// Every live Supervisor of this process, for the fork handlers. Both are leaked on purpose: a
+// fork (or a destructor) may run while static objects are being destroyed at exit.
+std::mutex& RegistryMutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::set<Supervisor*>& Registry() {
+  static std::set<Supervisor*>* r = new std::set<Supervisor*>;
+  return *r;
 }
 
 }  // namespace
 
+void Supervisor::PrepareFork() {
+  RegistryMutex().lock();
+  for (Supervisor* s : Registry()) s->mu_.lock();
+}
+
+void Supervisor::ParentAfterFork() {
+  for (Supervisor* s : Registry()) s->mu_.unlock();
+  RegistryMutex().unlock();
+}
+
+void Supervisor::ChildAfterFork() {
+  // The child has one thread, the one that forked, and it holds every lock taken above.
+  for (Supervisor* s : Registry()) {
+    s->AbandonInChild();
+    s->mu_.unlock();
+  }
+  RegistryMutex().unlock();
+}
+
+Supervisor::Supervisor(int epfd, pid_t owner) : epfd_(epfd), owner_pid_(owner) {}
+
 Status Supervisor::Create(std::unique_ptr<Supervisor>* out) {
+  static std::once_flag once;
+  int rc = 0;
+  std::call_once(once, [&rc] {
+    rc = pthread_atfork(&Supervisor::PrepareFork, &Supervisor::ParentAfterFork,
+                        &Supervisor::ChildAfterFork);
+  });
+  if (rc != 0) return Status::FromErrno("pthread_atfork", rc);
   int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) return Status::FromErrno("epoll_create1", errno);
-  out->reset(new Supervisor(ep));
+  out->reset(new Supervisor(ep, getpid()));
+  std::lock_guard<std::mutex> registry(RegistryMutex());
+  Registry().insert(out->get());
   return Status::OK();
 }
 
 Supervisor::~Supervisor() {
-  std::vector<int> ids;
-  for (auto& kv : workers_) ids.push_back(kv.first);
-  for (int id : ids) RemoveWorker(id);
-  close(epfd_);
+  {
+    std::lock_guard<std::mutex> registry(RegistryMutex());
+    Registry().erase(this);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : workers_) CloseWorker(kv.second);
+  workers_.clear();
+  if (epfd_ >= 0) close(epfd_);
+  epfd_ = -1;
+}
+
+void Supervisor::AbandonInChild() {
+  for (auto& kv : workers_) {
+    Worker& w = kv.second;
+    for (int* fd : {&w.sock, &w.pidfd, &w.status_fd, &w.logs[0], &w.logs[1]}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
+  }
+  // Dropping the maps unmaps every slot and status page nothing else in the child holds.
+  workers_.clear();
+  if (epfd_ >= 0) close(epfd_);
+  epfd_ = -1;
+}
+
+Status Supervisor::ForeignError() const {
+  return Status::Error(Code::kWrongProcess,
+                       "this loader's engine belongs to process " + std::to_string(owner_pid_) +
+                           "; a forked child (this is process " + std::to_string(getpid()) +
+                           ") cannot use it. Create the DataLoader iterator in the child "
+                           "instead, or start the child with 'spawn'.");
+}
+
+void Supervisor::CloseWorker(Worker& w) {
+  if (w.sock >= 0) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
+    close(w.sock);
+    w.sock = -1;
+  }
+  if (w.pidfd >= 0) {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);
+    close(w.pidfd);
+    w.pidfd = -1;
+  }
+  for (int& fd : w.logs) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  if (w.status_fd >= 0) close(w.status_fd);
+  w.status_fd = -1;
 }
 
 Status Supervisor::AddWorker(int worker, int sock, pid_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (foreign()) {
+    close(sock);
+    return ForeignError();
+  }
   if (workers_.count(worker)) {
     close(sock);
     return Status::Error(Code::kInvalidArgument, "worker id already in use");
   }
   Worker w;
+  w.serial = ++next_serial_;
   w.sock = sock;
   w.pid = pid;
   w.pidfd = PidfdOpen(pid);
@@ -58,14 +158,14 @@ Status Supervisor::AddWorker(int worker, int sock, pid_t pid) {
   struct epoll_event ev;
   std::memset(&ev, 0, sizeof(ev));
   ev.events = EPOLLIN;
-  ev.data.u64 = Tag(worker, false);
+  ev.data.u64 = Tag(worker, w.serial, false);
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev) != 0) {
     const int err = errno;
     close(sock);
     close(w.pidfd);
     return Status::FromErrno("epoll_ctl", err);
   }
-  ev.data.u64 = Tag(worker, true);
+  ev.data.u64 = Tag(worker, w.serial, true);
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, w.pidfd, &ev) != 0) {
     const int err = errno;
     epoll_ctl(epfd_, EPOLL_CTL_DEL, sock, nullptr);
@@ -78,25 +178,26 @@ Status Supervisor::AddWorker(int worker, int sock, pid_t pid) {
 }
 
 void Supervisor::RemoveWorker(int worker) {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
   if (it == workers_.end()) return;
-  Worker& w = it->second;
-  if (w.sock >= 0) {
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
-    close(w.sock);
-  }
-  if (w.pidfd >= 0) {
-    epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);
-    close(w.pidfd);
-  }
-  for (int fd : w.logs) {
-    if (fd >= 0) close(fd);
-  }
-  if (w.status_fd >= 0) close(w.status_fd);
+  CloseWorker(it->second);
   workers_.erase(it);  // slot mappings die with their last holder
 }
 
+bool Supervisor::HasWorker(int worker) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workers_.count(worker) != 0;
+}
+
+int Supervisor::worker_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(workers_.size());
+}
+
 Status Supervisor::Send(int worker, const MessageHeader& header, const void* payload, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (foreign()) return ForeignError();
   auto it = workers_.find(worker);
   if (it == workers_.end()) return Status::Error(Code::kInvalidArgument, "no such worker");
   if (it->second.channel_closed)
@@ -232,56 +333,82 @@ Status Supervisor::DrainDead(SupervisorEvent* event, bool* produced) {
   return Status::OK();
 }
 
+// Handles what one epoll_wait returned. Sockets first: a message that arrived before a death
+// must not be lost.
+Status Supervisor::HandleEvents(const ::epoll_event* evs, int n, SupervisorEvent* event,
+                                bool* produced) {
+  *produced = false;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t tag = evs[i].data.u64;
+    const int id = TagWorker(tag);
+    auto it = workers_.find(id);
+    // A worker removed (or replaced under the same id) while this thread slept in epoll_wait.
+    if (it == workers_.end() || it->second.serial != TagSerial(tag)) continue;
+    Worker& w = it->second;
+    if (tag & 1) {
+      if (!w.exited && w.pidfd >= 0) {
+        w.exited = true;
+        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);  // level-triggered: stop repeating
+      }
+      continue;
+    }
+    if (w.channel_closed) continue;
+    Message m;
+    Status st = ReceiveMessage(w.sock, &m, /*nonblocking=*/true);
+    if (st.code() == Code::kTimeout) continue;  // another waiter took it
+    if (!st.ok()) {
+      // The worker closed its end (exiting or dead): its pidfd will say how it ended.
+      w.channel_closed = true;
+      epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
+      continue;
+    }
+    bool consumed = false;
+    STOKER_RETURN_IF_ERROR(Absorb(id, w, m, &consumed, event));
+    if (!consumed) {
+      *produced = true;
+      return Status::OK();
+    }
+  }
+  return DrainDead(event, produced);
+}
+
 Status Supervisor::Wait(int timeout_ms, SupervisorEvent* event) {
   event->kind = SupervisorEvent::Kind::kTimeout;
   event->slot.reset();
-  bool produced = false;
-  STOKER_RETURN_IF_ERROR(DrainDead(event, &produced));
-  if (produced) return Status::OK();
+  int epfd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (foreign()) return ForeignError();
+    bool produced = false;
+    STOKER_RETURN_IF_ERROR(DrainDead(event, &produced));
+    if (produced) return Status::OK();
+    epfd = epfd_;  // stays open until the destructor, which no Wait may overlap
+  }
   constexpr int kMaxEvents = 16;
-  struct epoll_event evs[kMaxEvents];
+  ::epoll_event evs[kMaxEvents];
   for (;;) {
-    int n = epoll_wait(epfd_, evs, kMaxEvents, timeout_ms);
+    // Sleeps without the mutex: other threads may read status or add and remove workers.
+    int n = epoll_wait(epfd, evs, kMaxEvents, timeout_ms);
     if (n < 0) {
       if (errno == EINTR)
         return Status::Error(Code::kInterrupted, "interrupted by a signal", EINTR);
       return Status::FromErrno("epoll_wait", errno);
     }
     if (n == 0) return Status::OK();  // kTimeout
-    // Sockets first: a message that arrived before a death must not be lost.
-    for (int i = 0; i < n; ++i) {
-      const uint64_t tag = evs[i].data.u64;
-      const int id = static_cast<int>(tag >> 1);
-      auto it = workers_.find(id);
-      if (it == workers_.end()) continue;
-      Worker& w = it->second;
-      if (tag & 1) {
-        w.exited = true;
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.pidfd, nullptr);  // level-triggered: stop repeating
-        continue;
-      }
-      if (w.channel_closed) continue;
-      Message m;
-      Status st = ReceiveMessage(w.sock, &m, /*nonblocking=*/true);
-      if (st.code() == Code::kTimeout) continue;
-      if (st.code() == Code::kClosed || !st.ok()) {
-        // The worker closed its end (exiting or dead): its pidfd will say how it ended.
-        w.channel_closed = true;
-        epoll_ctl(epfd_, EPOLL_CTL_DEL, w.sock, nullptr);
-        continue;
-      }
-      bool consumed = false;
-      STOKER_RETURN_IF_ERROR(Absorb(id, w, m, &consumed, event));
-      if (!consumed) return Status::OK();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool produced = false;
+      STOKER_RETURN_IF_ERROR(HandleEvents(evs, n, event, &produced));
+      if (produced) return Status::OK();
     }
-    STOKER_RETURN_IF_ERROR(DrainDead(event, &produced));
-    if (produced) return Status::OK();
     if (timeout_ms == 0) return Status::OK();
     // Only slot announcements arrived: wait again (the caller's deadline is approximate).
   }
 }
 
 std::vector<int> Supervisor::OwnedFds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (foreign()) return {};
   std::vector<int> fds{epfd_};
   for (const auto& kv : workers_) {
     if (kv.second.sock >= 0) fds.push_back(kv.second.sock);
@@ -295,6 +422,7 @@ std::vector<int> Supervisor::OwnedFds() const {
 }
 
 bool Supervisor::ReadStatus(int worker, WorkerStatusPage* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
   if (it == workers_.end() || !it->second.status) return false;
   *out = ReadWorkerStatus(reinterpret_cast<const WorkerStatusPage*>(it->second.status->data()));
@@ -302,6 +430,7 @@ bool Supervisor::ReadStatus(int worker, WorkerStatusPage* out) const {
 }
 
 std::string Supervisor::ReadLog(int worker, LogKind kind, size_t max_bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker);
   if (it == workers_.end()) return "";
   const int fd = it->second.logs[static_cast<int>(kind)];
@@ -309,7 +438,7 @@ std::string Supervisor::ReadLog(int worker, LogKind kind, size_t max_bytes) cons
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0) return "";
   const size_t size = static_cast<size_t>(st.st_size);
-  const size_t start = size > max_bytes ? size - max_bytes : 0;
+  const size_t start = size > max_bytes ? size - max_bytes : 0;  // the fd stays open: mu_ held
   std::string out(size - start, '\0');
   size_t done = 0;
   while (done < out.size()) {
@@ -325,6 +454,8 @@ std::string Supervisor::ReadLog(int worker, LogKind kind, size_t max_bytes) cons
 }
 
 Status Supervisor::Signal(int worker, int signum) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (foreign()) return ForeignError();
   auto it = workers_.find(worker);
   if (it == workers_.end() || it->second.pidfd < 0) {
     return Status::Error(Code::kInvalidArgument, "no such worker");
@@ -336,6 +467,7 @@ Status Supervisor::Signal(int worker, int signum) {
 }
 
 SlotUsage Supervisor::slot_usage() const {
+  std::lock_guard<std::mutex> lock(mu_);
   SlotUsage u;
   for (const auto& kv : workers_) {
     for (const auto& s : kv.second.slots) {
@@ -356,6 +488,7 @@ SlotUsage Supervisor::slot_usage() const {
 }
 
 size_t Supervisor::mapped_slot_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
   for (const auto& kv : workers_) n += kv.second.slots.size();
   return n;

@@ -16,8 +16,10 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stoker/channel.h"
@@ -219,7 +221,7 @@ TEST_F(SupervisorTest, WorkerPublishesBatchThroughSlot) {
   EXPECT_FALSE(w.Lend(static_cast<uint32_t>(ev.message.header.b) + 1));
   ASSERT_TRUE(w.Lend(static_cast<uint32_t>(ev.message.header.b)));
   EXPECT_TRUE(HoldsSampleBatch(*ev.slot, 4, 7));
-  w.Release();
+  EXPECT_TRUE(w.Release(static_cast<uint32_t>(ev.message.header.b)));
 
   ASSERT_TRUE(sup_->Send(0, Header(MessageType::kStop), nullptr, 0).ok());
   ev = Next();
@@ -270,7 +272,8 @@ TEST_F(SupervisorTest, SlotPoolReusesGrowsAndAddsSlots) {
         .Lend(static_cast<uint32_t>(ev.message.header.b));
   };
   auto release = [](const SupervisorEvent& ev) {
-    SlotWord(reinterpret_cast<SlotHeader*>(ev.slot->data())).Release();
+    return SlotWord(reinterpret_cast<SlotHeader*>(ev.slot->data()))
+        .Release(static_cast<uint32_t>(ev.message.header.b));
   };
 
   SupervisorEvent b1 = Next();
@@ -279,7 +282,7 @@ TEST_F(SupervisorTest, SlotPoolReusesGrowsAndAddsSlots) {
   EXPECT_EQ(b1.message.header.a, 1u);
   ASSERT_TRUE(lend(b1));
   EXPECT_TRUE(HoldsSampleBatch(*b1.slot, 2, 1));
-  release(b1);
+  EXPECT_TRUE(release(b1));
   ASSERT_TRUE(sup_->Send(3, Header(MessageType::kTask), nullptr, 0).ok());
 
   SupervisorEvent b2 = Next();
@@ -290,7 +293,7 @@ TEST_F(SupervisorTest, SlotPoolReusesGrowsAndAddsSlots) {
   EXPECT_EQ(sup_->mapped_slot_count(), 1u);
   ASSERT_TRUE(lend(b2));
   EXPECT_TRUE(HoldsSampleBatch(*b2.slot, 2, 2));
-  release(b2);
+  EXPECT_TRUE(release(b2));
   ASSERT_TRUE(sup_->Send(3, Header(MessageType::kTask), nullptr, 0).ok());
 
   SupervisorEvent b3 = Next();
@@ -459,27 +462,20 @@ TEST_F(SupervisorTest, WaitHonorsTimeoutAfterDeathWasReported) {
   ev = Next(1000);
   ASSERT_EQ(ev.kind, Kind::kDied);
 
-  const pid_t helper = fork();
-  ASSERT_GE(helper, 0);
-  if (helper == 0) {
+  // In another thread, so that a Wait that never returns fails the test instead of hanging it.
+  std::promise<bool> returned;
+  std::future<bool> result = returned.get_future();
+  std::thread waiter([&] {
     SupervisorEvent e;
     Status st = sup_->Wait(100, &e);
-    _exit(st.ok() && e.kind == Kind::kTimeout ? 0 : 1);
+    returned.set_value(st.ok() && e.kind == Kind::kTimeout);
+  });
+  if (result.wait_for(std::chrono::seconds(3)) != std::future_status::ready) {
+    ADD_FAILURE() << "Supervisor::Wait(100) still had not returned after 3 s";
+    std::_Exit(1);  // the waiter cannot be joined
   }
-  int status = 0;
-  pid_t done = 0;
-  const auto t0 = Clock::now();
-  while ((done = waitpid(helper, &status, WNOHANG)) == 0 && MillisSince(t0) < 3000) {
-    usleep(10 * 1000);
-  }
-  if (done == 0) {
-    kill(helper, SIGKILL);
-    waitpid(helper, &status, 0);
-  }
-  EXPECT_EQ(done, helper) << "Supervisor::Wait(100) still had not returned after 3 s";
-  if (done == helper) {
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  }
+  waiter.join();
+  EXPECT_TRUE(result.get()) << "Wait(100) did not return a timeout";
   Reap(pid);
 }
 

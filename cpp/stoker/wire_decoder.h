@@ -5,6 +5,9 @@
 // children as they claim, that every array's shape multiplies out (without overflow) to its byte
 // count, and that every byte range lies inside the buffer, before the caller builds a single
 // object. A bad slot is a kCorrupt status, never a crash of the main process.
+//
+// Threads: DecodeBatch keeps no state and is safe for concurrent use; one DecodedBatch REQUIRES:
+// external synchronization.
 #pragma once
 
 #include <cstddef>

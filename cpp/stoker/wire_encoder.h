@@ -5,6 +5,9 @@
 // described by their sources: one piece per sample for a stacked leaf, in order, so each byte is
 // copied exactly once, straight into its stacked position. The encoder does not copy sources or
 // string bytes when they are added: they must stay alive and unchanged until Write() returns.
+//
+// Threads: REQUIRES: external synchronization. A WireEncoder is used by one thread at a time;
+// distinct encoders are independent.
 #pragma once
 
 #include <cstdint>

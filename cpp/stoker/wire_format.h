@@ -13,6 +13,8 @@
 //
 // The reader validates every offset, length, dtype and shape against the size of its own mapping
 // before it builds anything (see wire_decoder.h).
+//
+// Threads: constants and pure functions only; safe for concurrent use.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,7 @@
 #include "stoker/worker_guard.h"
 
 #include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,18 +10,31 @@
 namespace stoker {
 
 Status ArmWorkerGuard(int sock, pid_t expected_parent) {
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-    return Status::FromErrno("prctl(PR_SET_PDEATHSIG)", errno);
-  if (expected_parent > 0 && getppid() != expected_parent) _exit(0);  // orphaned already
-  std::thread([sock]() {
-    struct pollfd p;
-    p.fd = sock;
-    p.events = POLLRDHUP;
+  int parent_fd = -1;
+  if (expected_parent > 0) {
+    parent_fd = static_cast<int>(syscall(SYS_pidfd_open, expected_parent, 0));  // close-on-exec
+    if (parent_fd < 0) {
+      if (errno == ESRCH) _exit(0);  // the parent is gone already
+      // Kernels before 5.3 have no pidfd_open: the channel's EOF still ends the worker.
+      if (errno != ENOSYS) return Status::FromErrno("pidfd_open of the main process", errno);
+    }
+    // The pidfd was opened while the process was alive; if it is no longer our parent, the
+    // pid may have been reused between its death and pidfd_open: we are orphaned already.
+    if (getppid() != expected_parent) _exit(0);
+  }
+  std::thread([sock, parent_fd]() {
+    struct pollfd p[2];
+    p[0].fd = sock;
+    p[0].events = POLLRDHUP;
+    p[1].fd = parent_fd;  // a negative fd is ignored by poll
+    p[1].events = POLLIN;
     for (;;) {
-      p.revents = 0;
-      int rc = poll(&p, 1, -1);
+      p[0].revents = p[1].revents = 0;
+      int rc = poll(p, 2, -1);
       if (rc < 0 && errno == EINTR) continue;
-      if (rc < 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) _exit(0);
+      if (rc < 0) _exit(0);
+      if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) _exit(0);
+      if (p[1].revents != 0) _exit(0);  // POLLIN: the parent exited
     }
   }).detach();
   return Status::OK();

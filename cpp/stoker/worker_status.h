@@ -6,6 +6,10 @@
 // or hangs, the page names the sample it was on, so a death is attributed to one index, not a
 // whole batch; the same counters feed loader statistics. Every field is one aligned 64-bit word,
 // so a worker killed mid-update leaves each field either old or new, never torn.
+//
+// Threads and processes: one writer (the worker's thread that does the work) and any number of
+// readers in any process and thread; every field is read and written atomically, so reads are
+// safe for concurrent use with the writer. Two writers REQUIRE: external synchronization.
 #pragma once
 
 #include <atomic>

@@ -127,7 +127,7 @@ int main() {
       std::printf("  int: %lld\n", static_cast<long long>(batch.nodes[2].int_value));
       rc =
           (shape[0] == kSamples && shape[1] == kFeatures && batch.nodes[2].int_value == 42) ? 0 : 1;
-      word.Release();  // the slot goes back to the worker
+      if (!word.Release(static_cast<uint32_t>(ev.message.header.b))) rc = 1;  // back to the worker
     }
   } else {
     std::fprintf(stderr, "example: no batch arrived\n");
@@ -135,7 +135,11 @@ int main() {
 
   stoker::MessageHeader stop;
   stop.type = static_cast<uint32_t>(stoker::MessageType::kStop);
-  sup->Send(0, stop, nullptr, 0);
+  stoker::Status sent = sup->Send(0, stop, nullptr, 0);
+  if (!sent.ok()) {
+    std::fprintf(stderr, "example: could not stop the worker: %s\n", sent.ToString().c_str());
+    rc = 1;
+  }
   for (int tries = 0; tries < 50; ++tries) {
     if (!sup->Wait(100, &ev).ok() || ev.kind == stoker::SupervisorEvent::Kind::kDied) break;
   }

@@ -1,23 +1,73 @@
 #include "slot_handles.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <mutex>
+#include <set>
 
 #include "py_decode.h"
 #include "stoker/slot.h"
 #include "stoker/wire_decoder.h"
 
 namespace stoker::py {
+namespace {
 
-SlotLease::~SlotLease() {
-  if (shared && segment) SlotWord(reinterpret_cast<SlotHeader*>(segment->data())).Release();
+// Every live PendingBatch of this process, for the fork handler. Leaked on purpose (a fork or
+// a destructor may run while statics are destroyed at exit).
+std::mutex& PendingMutex() {
+  static std::mutex* m = new std::mutex;
+  return *m;
+}
+std::set<PendingBatch*>& Pending() {
+  static std::set<PendingBatch*>* s = new std::set<PendingBatch*>;
+  return *s;
 }
 
-nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes,
-                      bool shared) {
+void LockPending() { PendingMutex().lock(); }
+void UnlockPending() { PendingMutex().unlock(); }
+// In a forked child: the main process's pending batches are not ours; drop their mappings.
+void DropPendingInChild() {
+  for (PendingBatch* p : Pending()) {
+    p->consumed = true;
+    p->segment.reset();
+  }
+  PendingMutex().unlock();
+}
+
+}  // namespace
+
+PendingBatch::PendingBatch() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(&LockPending, &UnlockPending, &DropPendingInChild); });
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().insert(this);
+}
+
+PendingBatch::~PendingBatch() {
+  Discard();
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Pending().erase(this);
+}
+
+SlotLease::~SlotLease() {
+  // In a forked child the slot still belongs to the main process: only the mapping goes.
+  // A release the slot refuses (stale generation) is dropped: nothing else holds the lease.
+  if (shared && segment && owner == getpid()) {
+    (void)SlotWord(reinterpret_cast<SlotHeader*>(segment->data())).Release(generation);
+  }
+}
+
+nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
+                      uint32_t generation) {
   const size_t available = segment->size() - offset;
   DecodedBatch batch;
   Status st = DecodeBatch(segment->data() + offset, std::min<uint64_t>(nbytes, available), &batch);
-  nb::object lease = nb::cast(new SlotLease{segment, shared}, nb::rv_policy::take_ownership);
+  auto* held = new SlotLease();
+  held->segment = segment;
+  held->shared = shared;
+  held->generation = generation;
+  nb::object lease = nb::cast(held, nb::rv_policy::take_ownership);
   if (!st.ok()) {
     RaiseStoker("CorruptBatchError",
                 st.message() +
@@ -29,6 +79,11 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
 }
 
 nb::object PendingBatch::Decode() {
+  if (owner != getpid()) {
+    RaiseStoker("EngineError", "this batch belongs to the loader of process " +
+                                   std::to_string(owner) + "; a forked child cannot take it. "
+                                   "Iterate a DataLoader created in the child instead.");
+  }
   if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
   consumed = true;
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
@@ -42,16 +97,16 @@ nb::object PendingBatch::Decode() {
                     "'): its shared memory was "
                     "overwritten. The batch was dropped; the main process is unharmed.");
   }
-  return DecodeInto(segment, kSlotHeaderSize, nbytes, true);
+  return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation);
 }
 
 void PendingBatch::Discard() {
   if (consumed || !segment) return;
   consumed = true;
+  if (owner != getpid()) return;  // inherited by a forked child: the slot is not ours to free
+  // Only READY: a slot already LENT under this generation belongs to a lease.
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
-  if (word.generation() == generation && word.state() == static_cast<uint32_t>(SlotState::kReady)) {
-    word.Release();
-  }
+  if (word.state() == static_cast<uint32_t>(SlotState::kReady)) (void)word.Release(generation);
 }
 
 void register_slot_handles(nb::module_& m) {
