@@ -32,6 +32,8 @@ const char* CodeName(Code code) {
       return "interrupted";
     case Code::kTooLarge:
       return "too large";
+    case Code::kLimitReached:
+      return "limit reached";
   }
   return "unknown";
 }

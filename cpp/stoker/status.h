@@ -18,6 +18,7 @@ enum class Code {
   kClosed,           // the peer closed its end of the channel
   kInterrupted,      // a wait returned early because of a signal (EINTR)
   kTooLarge,         // a batch or message exceeds what the format can describe
+  kLimitReached,     // a limit the user set (max_shared_memory) leaves no room
 };
 
 class Status {

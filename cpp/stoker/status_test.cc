@@ -63,7 +63,8 @@ TEST(StatusTest, CodeNamesAreDistinct) {
   std::set<std::string> names;
   const Code codes[] = {Code::kOk,      Code::kInvalidArgument, Code::kSystem,
                         Code::kCorrupt, Code::kOutOfMemory,     Code::kTimeout,
-                        Code::kClosed,  Code::kInterrupted,     Code::kTooLarge};
+                        Code::kClosed,  Code::kInterrupted,     Code::kTooLarge,
+                        Code::kLimitReached};
   for (Code c : codes) {
     const std::string name = CodeName(c);
     EXPECT_NE(name, "unknown");

@@ -24,7 +24,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import _board, _cgroup, _fdpass, _protocol, _stoker, _worker
-from ._errors import BatchEncodingError, CollateError, EngineError
+from ._errors import BatchEncodingError, CollateError, EngineError, SharedMemoryLimitError
 from ._observation import Observation
 from ._protocol import (
     MODE_AS_IS,
@@ -58,9 +58,13 @@ class _Failure:
     def __init__(self, report: dict):
         self.report = report
 
-    def reraise(self):
+    def reraise(self, slot_usage=dict):
         r = self.report
         exc_type = r["type"]
+        if exc_type is SharedMemoryLimitError:
+            from ._errors import shared_memory_limit_message
+
+            raise exc_type(shared_memory_limit_message(r["message"], slot_usage()))
         if exc_type in (CollateError, BatchEncodingError):
             # stoker's own diagnosis of the data: the message already names index, field, type.
             raise exc_type(f"{r['message']}\n(in DataLoader worker process {r['worker_id']})")
@@ -209,6 +213,7 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
                     self._opts["on_error"],
                     self._opts["max_retries"],
                     self._board.token,
+                    self._opts.get("max_shared_memory"),
                 ),
                 daemon=True,
             )
@@ -435,7 +440,7 @@ class MultiProcessIter(Supervision, Observation, _BaseDataLoaderIter):
         if isinstance(data, _Dropped):
             return _Dropped
         if isinstance(data, _Failure):
-            data.reraise()
+            data.reraise(self._sup.slot_usage)
         batch = data.decode()
         if self._pin_memory:
             from torch.utils.data._utils.pin_memory import pin_memory
