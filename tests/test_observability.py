@@ -19,7 +19,8 @@ def test_stats_is_json_and_describes_workers_and_memory():
     import stoker
     from scenario_datasets import Squares
 
-    loader = stoker.DataLoader(Squares(64, shape=(256,)), batch_size=4, num_workers=2,
+    # 256 KiB per sample: large enough to be delivered as views of the slots (held by the user)
+    loader = stoker.DataLoader(Squares(64, shape=(64 * 1024,)), batch_size=4, num_workers=2,
                                persistent_workers=True)
     held = []
     for i, b in enumerate(loader):

@@ -2,14 +2,36 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "stoker/channel.h"
+#include "stoker/futex.h"
 
 namespace stoker {
 namespace {
 constexpr size_t kMinSlotBytes = 256 * 1024;
+// A wait watches one in-use slot's word at a time; a slice this long bounds how late the worker
+// notices that another slot came free.
+constexpr int kWaitSliceMs = 50;
+
+std::string Mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+using Clock = std::chrono::steady_clock;
 }  // namespace
+
+size_t SlotBytesFor(size_t bytes) {
+  // Headroom of 1/8 so that batches whose size varies a little reuse the slot.
+  size_t want = bytes + bytes / 8 + kSlotHeaderSize;
+  if (want < kMinSlotBytes) want = kMinSlotBytes;
+  const size_t page = PageSize();
+  return (want + page - 1) / page * page;
+}
 
 uint64_t SlotPool::mapped_bytes() const {
   uint64_t total = 0;
@@ -18,9 +40,7 @@ uint64_t SlotPool::mapped_bytes() const {
 }
 
 Status SlotPool::Create(size_t bytes, size_t* index) {
-  // Headroom of 1/8 so that batches whose size varies a little reuse the slot.
-  size_t want = bytes + bytes / 8 + kSlotHeaderSize;
-  if (want < kMinSlotBytes) want = kMinSlotBytes;
+  const size_t want = SlotBytesFor(bytes);
   std::unique_ptr<Segment> seg;
   int fd = -1;
   const std::string name = "stoker-w" + std::to_string(worker_id_) + "-slot";
@@ -48,27 +68,108 @@ Status SlotPool::Retire(size_t index) {
   return Status::OK();
 }
 
-Status SlotPool::Acquire(size_t bytes, WritableSlot* out) {
-  // 1. The smallest free slot that fits.
+size_t SlotPool::FindFree(size_t bytes) const {
   size_t best = slots_.size();
-  size_t largest_free_small = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {
     SlotWord w(slots_[i].header());
-    if (w.state() != static_cast<uint32_t>(SlotState::kFree)) continue;
-    if (slots_[i].capacity() >= bytes) {
-      if (best == slots_.size() || slots_[i].capacity() < slots_[best].capacity()) best = i;
-    } else if (largest_free_small == slots_.size() ||
-               slots_[i].capacity() > slots_[largest_free_small].capacity()) {
-      largest_free_small = i;
+    if (w.state() != static_cast<uint32_t>(SlotState::kFree) || slots_[i].capacity() < bytes) {
+      continue;
+    }
+    if (best == slots_.size() || slots_[i].capacity() < slots_[best].capacity()) best = i;
+  }
+  return best;
+}
+
+Status SlotPool::MakeRoom(uint64_t want, bool* fits) {
+  uint64_t mapped = mapped_bytes();
+  while (cap_bytes_ != 0 && mapped + want > cap_bytes_) {
+    size_t largest = slots_.size();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (SlotWord(slots_[i].header()).state() != static_cast<uint32_t>(SlotState::kFree)) continue;
+      if (largest == slots_.size() || slots_[i].capacity() > slots_[largest].capacity()) {
+        largest = i;
+      }
+    }
+    if (largest == slots_.size()) break;
+    mapped -= slots_[largest].segment->size();
+    STOKER_RETURN_IF_ERROR(Retire(largest));
+  }
+  *fits = cap_bytes_ == 0 || mapped + want <= cap_bytes_;
+  return Status::OK();
+}
+
+Status SlotPool::LimitError(size_t bytes, uint64_t want, const char* why) const {
+  size_t lent = 0, ready = 0;
+  uint64_t lent_bytes = 0, ready_bytes = 0;
+  for (const Entry& e : slots_) {
+    const uint32_t state = SlotWord(e.header()).state();
+    if (state == static_cast<uint32_t>(SlotState::kLent)) {
+      ++lent;
+      lent_bytes += e.segment->size();
+    } else if (state == static_cast<uint32_t>(SlotState::kReady)) {
+      ++ready;
+      ready_bytes += e.segment->size();
     }
   }
-  if (best == slots_.size()) {
-    // 2. Grow: a free slot that is too small is replaced by a bigger one.
-    if (largest_free_small != slots_.size()) {
-      STOKER_RETURN_IF_ERROR(Retire(largest_free_small));
+  return Status::Error(
+      Code::kLimitReached,
+      "worker " + std::to_string(worker_id_) + " needs " + Mib(want) +
+          " of shared memory for a batch of " + Mib(bytes) + ", but its share of "
+          "max_shared_memory is " + Mib(cap_bytes_) + " and " + why + ". Its slots: " +
+          std::to_string(lent) + " batch(es) still held by your code (" + Mib(lent_bytes) +
+          "), " + std::to_string(ready) + " waiting in the main process (" + Mib(ready_bytes) +
+          ").");
+}
+
+Status SlotPool::Acquire(size_t bytes, WritableSlot* out) {
+  const uint64_t want = SlotBytesFor(bytes);
+  if (cap_bytes_ != 0 && want > cap_bytes_) {
+    return LimitError(bytes, want, "this one batch does not fit in it");
+  }
+  const auto patience = std::chrono::milliseconds(patience_ms_);
+  Clock::time_point deadline = Clock::now() + patience;
+  size_t best = FindFree(bytes);
+  while (best == slots_.size()) {
+    // No free slot fits. Grow: free slots that are too small are replaced by a bigger one (the
+    // largest of them is retired; under a cap, as many as needed to make room).
+    size_t largest_free = slots_.size();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (SlotWord(slots_[i].header()).state() != static_cast<uint32_t>(SlotState::kFree)) continue;
+      if (largest_free == slots_.size() || slots_[i].capacity() > slots_[largest_free].capacity()) {
+        largest_free = i;
+      }
     }
-    // 3. Otherwise every slot is in use (held by the user or in flight): add one.
-    STOKER_RETURN_IF_ERROR(Create(bytes, &best));
+    if (largest_free != slots_.size()) STOKER_RETURN_IF_ERROR(Retire(largest_free));
+    bool fits = true;
+    STOKER_RETURN_IF_ERROR(MakeRoom(want, &fits));
+    if (fits) {
+      // Otherwise every slot is in use (held by the user or in flight): add one.
+      STOKER_RETURN_IF_ERROR(Create(bytes, &best));
+      break;
+    }
+    // Every slot is in use and the cap allows no more: wait for the user to let go of one.
+    const int64_t left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      return LimitError(bytes, want,
+                        ("no slot came free in " + std::to_string(patience_ms_ / 1000) +
+                         " s while every slot was in use")
+                            .c_str());
+    }
+    const Entry& watched = slots_[wait_turn_++ % slots_.size()];
+    const uint32_t state = SlotWord(watched.header()).state();
+    if (state != static_cast<uint32_t>(SlotState::kFree)) {
+      Status st = FutexWait(&watched.header()->state, state,
+                            static_cast<int>(left < kWaitSliceMs ? left : kWaitSliceMs));
+      if (!st.ok() && st.code() != Code::kTimeout && st.code() != Code::kInterrupted) return st;
+    }
+    best = FindFree(bytes);
+    for (const Entry& e : slots_) {
+      if (SlotWord(e.header()).state() == static_cast<uint32_t>(SlotState::kFree)) {
+        deadline = Clock::now() + patience;  // the user let go of something: keep waiting
+        break;
+      }
+    }
   }
   Entry& e = slots_[best];
   SlotWord w(e.header());

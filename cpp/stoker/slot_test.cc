@@ -34,17 +34,6 @@ int64_t MillisSince(Clock::time_point t0) {
 
 // What a peer waiting for a slot to change state would do: a non-private FUTEX_WAIT on the
 // state word, with a timeout. OK when woken or when the word differs already.
-Status FutexWait(const uint32_t* word, uint32_t expected, int timeout_ms) {
-  struct timespec ts;
-  ts.tv_sec = timeout_ms / 1000;
-  ts.tv_nsec = static_cast<long>(timeout_ms % 1000) * 1000000L;
-  long rc = syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-  if (rc == 0 || errno == EAGAIN) return Status::OK();
-  if (errno == ETIMEDOUT) return Status::Error(Code::kTimeout, "futex wait timed out");
-  if (errno == EINTR) return Status::Error(Code::kInterrupted, "futex wait interrupted", EINTR);
-  return Status::FromErrno("futex wait", errno);
-}
-
 Status WaitWhileState(const SlotHeader* h, uint32_t state, int timeout_ms) {
   if (SlotWord(const_cast<SlotHeader*>(h)).state() != state) return Status::OK();
   return FutexWait(&h->state, state, timeout_ms);

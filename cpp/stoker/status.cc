@@ -34,6 +34,8 @@ const char* CodeName(Code code) {
       return "too large";
     case Code::kWrongProcess:
       return "wrong process";
+    case Code::kLimitReached:
+      return "limit reached";
   }
   return "unknown";
 }

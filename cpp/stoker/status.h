@@ -23,6 +23,7 @@ enum class Code {
   kInterrupted,      // a wait returned early because of a signal (EINTR)
   kTooLarge,         // a batch or message exceeds what the format can describe
   kWrongProcess,     // the object belongs to another process (this one was forked from it)
+  kLimitReached,     // a limit the user set (max_shared_memory) leaves no room
 };
 
 class [[nodiscard]] Status {

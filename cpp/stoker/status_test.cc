@@ -64,7 +64,7 @@ TEST(StatusTest, CodeNamesAreDistinct) {
   const Code codes[] = {Code::kOk,      Code::kInvalidArgument, Code::kSystem,
                         Code::kCorrupt, Code::kOutOfMemory,     Code::kTimeout,
                         Code::kClosed,  Code::kInterrupted,     Code::kTooLarge,
-                        Code::kWrongProcess};
+                        Code::kWrongProcess, Code::kLimitReached};
   for (Code c : codes) {
     const std::string name = CodeName(c);
     EXPECT_NE(name, "unknown");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <thread>
 
 namespace stoker {
@@ -32,10 +33,14 @@ Status ArmWorkerGuard(int sock, pid_t expected_parent) {
       p[0].revents = p[1].revents = 0;
       int rc = poll(p, 2, -1);
       if (rc < 0 && errno == EINTR) continue;
-      if (rc < 0) _exit(0);
-      if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) _exit(0);
-      if (p[1].revents != 0) _exit(0);  // POLLIN: the parent exited
+      if (rc < 0) break;
+      if (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) break;
+      if (p[1].revents != 0) break;  // POLLIN: the parent exited
     }
+    // An idle worker sees the same EOF in its receive and exits on its own, flushing its
+    // stdout/stderr and running its exit handlers; only one busy in a long sample is cut short.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kWorkerExitGraceMs));
+    _exit(0);
   }).detach();
   return Status::OK();
 }

@@ -88,6 +88,17 @@ def memory_limit_and_usage() -> tuple[int | None, int | None]:
     return None, None
 
 
+SHARED_MEMORY_FRACTION = 0.5
+
+
+def default_shared_memory_cap() -> int | None:
+    """max_shared_memory="auto": half the memory limit of this process's cgroup, so that batches
+    held by the user end in an error that says so rather than an OOM kill; None (no cap) when
+    no limit is set."""
+    limit, _ = memory_limit_and_usage()
+    return int(limit * SHARED_MEMORY_FRACTION) if limit else None
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "unknown"

@@ -13,6 +13,24 @@ class CorruptBatchError(EngineError):
     """A worker's slot did not hold a valid batch; it was dropped without harming this process."""
 
 
+class SharedMemoryLimitError(EngineError, MemoryError):
+    """A worker found no room for a batch under ``max_shared_memory``: the user still holds the
+    batches that fill it. Also a ``MemoryError``."""
+
+
+def shared_memory_limit_message(worker_message: str, usage: dict) -> str:
+    """The worker's report, with what the user holds over all workers and what to do."""
+    from ._cgroup import human_bytes
+
+    return (
+        f"{worker_message}\nIn all, your code holds {usage.get('slots_held_by_user', 0)} "
+        f"batch(es) whose tensors keep {human_bytes(usage.get('bytes_held_by_user', 0))} of "
+        "shared memory in use. Drop references to batches (and to tensors sliced from them) "
+        "you no longer need, or .clone() what you keep; lower prefetch_factor; or raise "
+        "DataLoader(max_shared_memory=...) (None: no cap)."
+    )
+
+
 class CollateError(RuntimeError):
     """Samples of one batch could not be combined (different shapes, lengths or keys)."""
 

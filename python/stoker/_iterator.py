@@ -29,7 +29,13 @@ import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert
 
 from . import _board, _protocol, _torch_compat, _worker
-from ._errors import BatchEncodingError, CollateError, WorkerCrashed, WorkerHung
+from ._errors import (
+    BatchEncodingError,
+    CollateError,
+    SharedMemoryLimitError,
+    WorkerCrashed,
+    WorkerHung,
+)
 from ._protocol import (
     MODE_AS_IS,
     MODE_COLLATE,
@@ -57,9 +63,13 @@ class _Failure:
     def __init__(self, report: dict):
         self.report = report
 
-    def reraise(self):
+    def reraise(self, slot_usage=dict):
         r = self.report
         exc_type = r["type"]
+        if exc_type is SharedMemoryLimitError:
+            from ._errors import shared_memory_limit_message
+
+            raise exc_type(shared_memory_limit_message(r["message"], slot_usage()))
         if exc_type in (CollateError, BatchEncodingError):
             # stoker's own diagnosis of the data: the message already names index, field, type.
             raise exc_type(f"{r['message']}\n(in DataLoader worker process {r['worker_id']})")
@@ -186,6 +196,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             # the fork server, not this process (the channel covers us).
             _worker.parent_pid_for(method),
             self._opts["on_error"], self._opts["max_retries"], self._board.token,
+            self._opts["max_shared_memory"],
         )
 
     def _start(self, start) -> None:
@@ -477,7 +488,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if isinstance(data, Dropped):
             return Dropped
         if isinstance(data, _Failure):
-            data.reraise()
+            data.reraise(self._set.slot_usage)
         batch = data.decode()
         if self._pin_memory:
             batch = _torch_compat.pin_memory(batch, self._pin_memory_device)

@@ -73,6 +73,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         quarantine_after=2,
         hang_timeout=None,
         stall_notice=0.5,
+        max_shared_memory="auto",
     ):
         if on_worker_death not in _DEATH_POLICIES:
             raise ValueError(
@@ -86,6 +87,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if not isinstance(quarantine_after, int) or quarantine_after < 1:
             raise ValueError(f"quarantine_after must be an int >= 1, got {quarantine_after!r}")
+        max_shared_memory = _shared_memory_cap(max_shared_memory)
         if hang_timeout is not None and not hang_timeout > 0:
             raise ValueError(f"hang_timeout must be None or > 0 seconds, got {hang_timeout!r}")
         super().__init__(
@@ -102,6 +104,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "quarantine_after": quarantine_after,
             "hang_timeout": hang_timeout,
             "stall_notice": stall_notice,
+            "max_shared_memory": max_shared_memory,
         }
         self._stoker_state = _LoaderState()
 
@@ -189,6 +192,21 @@ class _SingleProcessIter(single_process_iterator()):
                 return super()._next_data()
             except Dropped:
                 continue
+
+
+def _shared_memory_cap(value):
+    """max_shared_memory: bytes (int > 0), None (no cap), or "auto" (half the cgroup's memory
+    limit; no cap without one)."""
+    if value == "auto":
+        from ._cgroup import default_shared_memory_cap
+
+        return default_shared_memory_cap()
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(
+        f"max_shared_memory must be an int number of bytes > 0, None (no cap) or 'auto', "
+        f"got {value!r}"
+    )
 
 
 def _jsonable(x):

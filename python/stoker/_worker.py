@@ -19,7 +19,7 @@ import signal
 import sys
 
 from . import _collate, _fdpass, _protocol, _stoker
-from ._errors import EngineError
+from ._errors import EngineError, SharedMemoryLimitError
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher  # noqa: F401  (MAP re-exported)
 from ._protocol import (
     MODE_AS_IS,
@@ -37,6 +37,9 @@ from ._protocol import (
 # faulthandler dumps every thread's stack on this signal: the main process asks for it when a
 # worker hangs. A real-time signal, so it does not collide with SIGUSR1/2 users of the dataset.
 DUMP_SIGNAL = signal.SIGRTMIN + 2
+# How long a batch waits for the user to let go of shared memory under max_shared_memory before
+# it fails with SharedMemoryLimitError; each slot that comes free starts the wait afresh.
+SHARED_MEMORY_PATIENCE_S = 30.0
 _STDERR_KEEP = 256 * 1024
 
 
@@ -143,6 +146,7 @@ def worker_main(
     on_error: str = "raise",
     max_retries: int = 3,
     loader_token: int = 0,
+    max_shared_memory: int | None = None,
 ) -> None:
     # Objects inherited from the parent are left alone by this worker's garbage collector: their
     # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
@@ -153,6 +157,9 @@ def worker_main(
     fd = channel.fd
     _fdpass.close_inherited(keep=fd)
     endpoint = _stoker.WorkerEndpoint(fd, worker_id)
+    if max_shared_memory:  # divided among the workers
+        share = max(1, max_shared_memory // max(1, num_workers))
+        endpoint.set_shared_memory_limit(share, SHARED_MEMORY_PATIENCE_S)
     endpoint.arm_guard(parent_pid)
     endpoint.open_status(loader_token)
     _share_logs(endpoint)
@@ -242,7 +249,7 @@ def worker_main(
                 _send(endpoint, task, data, collate_fn, collate_mode, index if kind == MAP else None)
             except Exception as e:
                 fetcher.current = index if kind == MAP else None
-                if on_error == "skip":
+                if on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
                     fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
                                        for i in (index if isinstance(index, list) else [index])]
                     _report_skipped(endpoint, task, fetcher, dropped=True)

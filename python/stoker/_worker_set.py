@@ -273,13 +273,14 @@ class WorkerSet:
             if w in self._hung or not self._sup.has_worker(w):
                 continue
             st = self._sup.status(w)
-            state = st["state"] if st else "not started"
-            if state in _BUSY:
+            pid = self.pid(w)
+            stopped = _proc_state(pid) in ("T", "t")
+            if st is not None and st["state"] in _BUSY and not stopped:
                 self._stuck.pop(w, None)
                 if hang_timeout is not None and st["state_seconds"] > hang_timeout:
                     self._kill_hung(w, st["index"], st["state_seconds"])
                 continue
-            waiting = self._not_taking_work(w, st, queued.get(w, 0), now)
+            waiting = self._not_taking_work(w, pid, st, stopped, queued.get(w, 0), now)
             if waiting is None:
                 self._stuck.pop(w, None)
                 continue
@@ -296,14 +297,13 @@ class WorkerSet:
                                 "hang_timeout to have stoker restart such workers and re-issue "
                                 "their work.", waiting.describe())
 
-    def _not_taking_work(self, w, st, queued, now):
+    def _not_taking_work(self, w, pid, st, stopped, queued, now):
+        """A Stuck when `w` has work queued and has not started it (or is stopped mid-way)."""
         if queued == 0:
             return None
-        pid = self.pid(w)
-        stopped = _proc_state(pid) in ("T", "t")
         if st is None:
             seconds = now - self._started_at[w]
-        elif st["state"] in ("idle", "starting"):
+        elif st["state"] in ("idle", "starting") or stopped:
             seconds = st["state_seconds"]
         else:
             return None

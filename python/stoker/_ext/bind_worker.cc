@@ -64,7 +64,11 @@ class WorkerEndpoint {
     if (!encoder_.Describe(obj, static_cast<EncodeMode>(mode), indices)) return false;
     const uint64_t bytes = encoder_.wire().Layout();
     WritableSlot slot;
-    Status st = pool_.Acquire(bytes, &slot);
+    Status st;
+    {
+      nb::gil_scoped_release release;  // it may wait for the user to let go of a slot
+      st = pool_.Acquire(bytes, &slot);
+    }
     if (!st.ok()) {
       encoder_.Reset();
       Raise(st);
@@ -133,6 +137,11 @@ class WorkerEndpoint {
     Check(SendMessage(sock_, h, nullptr, 0, fd));
   }
 
+  // Caps this worker's slots at cap_bytes together (0: no cap); see SlotPool::SetLimit.
+  void SetSharedMemoryLimit(uint64_t cap_bytes, double patience_s) {
+    pool_.SetLimit(cap_bytes, static_cast<int>(patience_s * 1000));
+  }
+
   size_t slot_count() const { return pool_.slot_count(); }
   uint64_t mapped_bytes() const { return pool_.mapped_bytes(); }
   int fd() const { return sock_; }
@@ -159,6 +168,9 @@ void register_worker(nb::module_& m) {
            nb::arg("payload") = nb::bytes(""))
       .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
            nb::arg("mode"), nb::arg("indices") = nb::none())
+      .def("set_shared_memory_limit", &WorkerEndpoint::SetSharedMemoryLimit, nb::arg("cap_bytes"),
+           nb::arg("patience_s"),
+           "Caps this worker's slots (0: no cap); a batch waits at most patience_s for room.")
       .def("open_status", &WorkerEndpoint::OpenStatus, nb::arg("loader_token") = 0)
       .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),
            nb::arg("index").none())

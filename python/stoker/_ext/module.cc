@@ -1,5 +1,6 @@
 // The _stoker extension: one register_<area>() per part of the core it exposes.
 #include "common.h"
+#include "py_decode.h"
 #include "stoker/segment.h"
 
 namespace stoker::py {
@@ -17,6 +18,9 @@ void register_wire(nb::module_& m);
       break;
     case Code::kTimeout:
       cls = PyExc_TimeoutError;
+      break;
+    case Code::kLimitReached:
+      cls = errors.attr("SharedMemoryLimitError").ptr();
       break;
     default:
       cls = errors.attr("EngineError").ptr();
@@ -172,6 +176,10 @@ nb::dlpack::dtype ToDLPack(DType d) {
 NB_MODULE(_stoker, m) {
   m.doc() = "stoker's C++ engine: slots, channels, wire format and supervision.";
   m.attr("page_size") = PageSize();
+  // Arrays smaller than max(VIEW_MIN_BYTES, slot bytes / VIEW_SLOT_DIVISOR) are copied out of
+  // the slot instead of viewing it (py_decode.h).
+  m.attr("VIEW_MIN_BYTES") = kViewMinBytes;
+  m.attr("VIEW_SLOT_DIVISOR") = kViewSlotDivisor;
   register_wire(m);
   register_worker(m);
   register_supervisor(m);

@@ -2,6 +2,9 @@
 
 #include <nanobind/ndarray.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <string>
 
 namespace stoker::py {
@@ -9,7 +12,8 @@ namespace {
 
 class Builder {
  public:
-  Builder(const DecodedBatch& b, nb::handle owner) : b_(b), owner_(owner) {}
+  Builder(const DecodedBatch& b, nb::handle owner, uint64_t view_threshold)
+      : b_(b), owner_(owner), view_threshold_(view_threshold) {}
 
   nb::object Next(int depth) {
     const DecodedNode& n = b_.nodes[pos_++];
@@ -88,28 +92,48 @@ class Builder {
     void* data = const_cast<uint8_t*>(n.data);
     const nb::dlpack::dtype dt = ToDLPack(n.dtype);
     const bool numpy = (n.flags & kArrayAsNumpy) != 0 || !Types().torch_output;
-    if (numpy) {
-      if (n.dtype == DType::kBFloat16) {
-        throw std::runtime_error("a bfloat16 tensor cannot be delivered without torch installed");
+    if (numpy && n.dtype == DType::kBFloat16) {
+      throw std::runtime_error("a bfloat16 tensor cannot be delivered without torch installed");
+    }
+    nb::handle owner = owner_;
+    nb::object copy_owner;
+    if (n.nbytes < view_threshold_) {
+      // Small: a private copy, so that holding it does not keep the slot lent. The bytes the
+      // strides span are copied as they are, so the layout (and every stride) is kept.
+      void* copy = nullptr;
+      if (posix_memalign(&copy, kArrayAlignment, n.nbytes > 0 ? n.nbytes : 1) != 0) {
+        throw std::bad_alloc();
       }
-      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner_, b_.strides(n),
+      std::memcpy(copy, n.data, n.nbytes);
+      copy_owner = nb::capsule(copy, [](void* p) noexcept { free(p); });
+      data = copy;
+      owner = copy_owner;
+    }
+    if (numpy) {
+      return nb::ndarray<nb::numpy>(data, static_cast<size_t>(n.ndim), shape, owner, b_.strides(n),
                                     dt)
           .cast();
     }
-    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner_, b_.strides(n),
+    return nb::ndarray<nb::pytorch>(data, static_cast<size_t>(n.ndim), shape, owner, b_.strides(n),
                                     dt)
         .cast();
   }
 
   const DecodedBatch& b_;
   nb::handle owner_;
+  uint64_t view_threshold_;
   size_t pos_ = 0;
 };
 
 }  // namespace
 
-nb::object BuildBatch(const DecodedBatch& batch, nb::handle owner) {
-  Builder b(batch, owner);
+uint64_t ViewThreshold(uint64_t slot_bytes) {
+  const uint64_t share = slot_bytes / kViewSlotDivisor;
+  return share > kViewMinBytes ? share : kViewMinBytes;
+}
+
+nb::object BuildBatch(const DecodedBatch& batch, nb::handle owner, uint64_t slot_bytes) {
+  Builder b(batch, owner, ViewThreshold(slot_bytes));
   return b.Next(0);
 }
 

@@ -75,7 +75,7 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
                     "not a valid batch (a memory bug in a C extension used by the "
                     "dataset?). The batch was dropped; the main process is unharmed.");
   }
-  return BuildBatch(batch, lease);
+  return BuildBatch(batch, lease, segment->size());
 }
 
 nb::object PendingBatch::Decode() {
