@@ -56,7 +56,7 @@ fuzz: $(DEPS) sysdeps
 # The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (with a short run of the wire
 # fuzzer), then the threaded tests under ThreadSanitizer. Separate build folders; not part of
 # `make test`. STOKER_FUZZ_SECONDS sets the fuzzer's run (default 20 s).
-TSAN_TESTS := supervisor_threads_test slot_test status_test channel_test segment_test
+TSAN_TESTS := supervisor_threads_test slot_test slot_pool_test status_test channel_test segment_test
 sanitize: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF -DSTOKER_SANITIZE=address,undefined
 	$(VENV)/bin/cmake --build build/asan -j $(JOBS)

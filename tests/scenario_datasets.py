@@ -232,3 +232,22 @@ class SlowToUnpickle(Squares):
     def __setstate__(self, state):
         self.__dict__.update(state)
         time.sleep(30)
+
+
+class RewritesReadySlots(Squares):
+    """From sample `at` on, bumps the generation of every slot of its worker that holds a batch
+    waiting in the main process: what a C extension scribbling over shared memory would do."""
+
+    def __init__(self, at, n=64):
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i):
+        if i >= self.at:
+            for line in open("/proc/self/maps"):
+                if "-slot" in line and "stoker-w" in line:
+                    start = int(line.split("-", 1)[0], 16)
+                    words = (ctypes.c_uint32 * 3).from_address(start)
+                    if words[1] == 2:  # READY
+                        words[2] += 1  # the generation
+        return super().__getitem__(i)

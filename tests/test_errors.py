@@ -140,3 +140,20 @@ def test_invalid_arguments_raise_what_torch_raises(kwargs, exc):
     with pytest.raises(exc) as ours:
         stoker.DataLoader(Squares(), **kwargs)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_slot_rewritten_before_it_was_read_is_named(script):
+    r = script("""
+import time, torch, stoker
+from scenario_datasets import RewritesReadySlots
+loader = stoker.DataLoader(RewritesReadySlots(at=8, n=64), batch_size=4, num_workers=1)
+try:
+    for batch in loader:
+        time.sleep(0.2)  # the worker, ahead, loads the next samples while a batch waits
+except stoker.CorruptBatchError as e:
+    msg = str(e)
+    assert "written again before it was read" in msg and "generation" in msg, msg
+    assert "state 'ready')" not in msg.split("(it holds")[0], msg
+    print("OK")
+""", timeout=60)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -125,3 +125,45 @@ assert all(alive(p) for p in pids), [alive(p) for p in pids]
 print("OK")
 """, timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_no_sequence_of_forks_gc_and_restarts_loses_or_repeats_a_sample(script):
+    # Batches held in cyclic garbage, an exception kept in a local, a helper process forked every
+    # 10 batches that collects garbage, workers killed and restarted (by fork, so each new worker
+    # inherits every live lease), and a garbage collector that runs all the time.
+    r = script("""
+import gc, os, tempfile, sys
+import torch, stoker
+from scenario_datasets import KillsOnceAt
+gc.set_threshold(5, 2, 2)
+marks = tempfile.mkdtemp()
+ds = KillsOnceAt(bad=[7, 30, 31, 90, 150], marks=marks, n=200)
+ds.shape = (16, 1024)   # 64 KiB samples: batches are zero-copy views of their slots
+loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+seen, kept = [], []
+class Cycle:
+    pass
+for i, (x, y) in enumerate(loader):
+    assert x.flatten(1)[:, 0].tolist() == [float(v) for v in y.tolist()], (i, y.tolist())
+    seen += y.tolist()
+    c = Cycle(); c.me = c; c.batch = (x, y)   # garbage with a lease, collected at random
+    del c
+    if i % 3 == 0:
+        kept.append((x, y))
+    try:
+        raise ValueError(i)
+    except ValueError as e:
+        err = e  # keeps a frame (and the batch) alive through its traceback
+    if i % 10 == 0:
+        pid = os.fork()
+        if pid == 0:
+            gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+for x, y in kept:
+    assert x.flatten(1)[:, 0].tolist() == [float(v) for v in y.tolist()], y.tolist()
+assert sorted(seen) == list(range(200)), "samples lost or duplicated"
+assert len(loader.deaths) == 5, loader.deaths
+print("OK")
+""", timeout=180)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -86,16 +86,24 @@ nb::object PendingBatch::Decode() {
   }
   if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
   consumed = true;
+  const SlotHeader* header = reinterpret_cast<SlotHeader*>(segment->data());
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
-  if (reinterpret_cast<SlotHeader*>(segment->data())->magic != kSlotMagic ||
-      !word.Lend(generation)) {
+  if (header->magic != kSlotMagic || !word.Lend(generation)) {
+    const uint32_t now = word.generation();
+    std::string what;
+    if (header->magic != kSlotMagic) {
+      what = "whose header is not a slot header any more";
+    } else if (now != generation) {
+      what = "that was written again before it was read (it holds generation " +
+             std::to_string(now) + ", the batch was generation " + std::to_string(generation) +
+             ", state '" + SlotStateName(word.state()) + "')";
+    } else {
+      what = std::string("in state '") + SlotStateName(word.state()) + "' instead of 'ready'";
+    }
     RaiseStoker("CorruptBatchError",
-                "worker " + std::to_string(worker) +
-                    " announced a batch in a slot that is not "
-                    "ready (state '" +
-                    SlotStateName(word.state()) +
-                    "'): its shared memory was "
-                    "overwritten. The batch was dropped; the main process is unharmed.");
+                "worker " + std::to_string(worker) + " announced a batch in a slot " + what +
+                    ": its shared memory was overwritten. The batch was dropped; the main "
+                    "process is unharmed.");
   }
   return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation);
 }
