@@ -36,7 +36,9 @@ def parse_args(argv):
     p.add_argument("--python", default=sys.executable,
                    help="interpreter with torch, pytest, expecttest and stoker (default: this one)")
     p.add_argument("--loaders", default="torch,stoker", help="comma-separated: torch, stoker")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds per test (default 120: torch's own spawn-heavy tests took over "
+                        "60 s on 2 shared cores)")
     p.add_argument("--slow", action="store_true",
                    help="also run torch's @slowTest tests (test_proper_exit: minutes per loader)")
     p.add_argument("--slow-timeout", type=float, default=600.0,

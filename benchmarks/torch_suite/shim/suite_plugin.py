@@ -82,13 +82,17 @@ def pytest_collection_finish(session):
             })
 
 
+_current_bound = _TIMEOUT
+
+
 def _on_alarm(signum, frame):
-    raise TestTimeout(f"TIMEOUT: the test ran past its per-test bound of {_TIMEOUT:g} s")
+    raise TestTimeout(f"TIMEOUT: the test ran past its per-test bound of {_current_bound:g} s")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    bound = _bound_for(item)
+    global _current_bound
+    bound = _current_bound = _bound_for(item)
     _write({"event": "start", "nodeid": item.nodeid, "bound_s": bound})
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, bound)
