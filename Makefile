@@ -9,7 +9,7 @@ JOBS     ?= 2
 
 PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 
-.PHONY: all demo test test-cpp test-py bench lint format fuzz sanitize install sysdeps clean
+.PHONY: all demo test test-cpp test-py bench torch-suite lint format fuzz sanitize install sysdeps clean
 
 all: install
 
@@ -47,6 +47,14 @@ bench: install
 	$(VPY) -m pip install -q --no-deps torchdata || true
 	$(VPY) -m pip install -q grain spdl || true
 	$(VPY) -m stoker bench --plot docs/throughput.png --json build/bench.json
+
+# torch's own test/test_dataloader.py, run once with torch's DataLoader and once with stoker's in
+# its place: a yardstick of compatibility, not part of `make test` (tests there fail by design).
+# Results: build/torch_suite/results.{md,json}. Options: TORCH_SUITE_ARGS="--timeout 120 -k EXPR".
+# torch.testing._internal (in the torch wheel) needs expecttest.
+torch-suite: install
+	$(VPY) -m pip install -q expecttest
+	$(VPY) benchmarks/torch_suite/run.py --out build/torch_suite $(TORCH_SUITE_ARGS)
 
 fuzz: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
