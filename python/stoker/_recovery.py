@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import logging
 import operator
+import signal
 
 from ._fetch import SkippedSample
 
 log = logging.getLogger("stoker")
+
+
+def _torch_words(ex) -> str:
+    """torch's own first line for this death, so logs and code that match torch's message
+    (its test-suite does) still match; stoker's diagnosis follows on the next lines."""
+    if ex.signum:
+        return (f"DataLoader worker (pid {ex.pid}) is killed by signal: "
+                f"{signal.strsignal(ex.signum)}.")
+    return f"DataLoader worker (pid(s) {ex.pid}) exited unexpectedly."
 
 
 def key(index):
@@ -56,7 +66,7 @@ class Recovery:
                       ex.index, st.epoch, list(tasks))
         st.deaths.append(death)
         board.add("deaths")
-        head = f"DataLoader worker {ex.worker_id} (pid {ex.pid}) {ex.explanation}"
+        head = f"{_torch_words(ex)}\nstoker: worker {ex.worker_id} (pid {ex.pid}) {ex.explanation}"
         if not ex.started:
             if ex.outside:
                 raise crashed(death, indices,
