@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._protocol import safe_str
+
 MAP, ITERABLE = 0, 1
 
 
@@ -26,7 +28,7 @@ class Dropped(Exception):
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {safe_str(exc)}"
 
 
 class Fetcher:

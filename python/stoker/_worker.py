@@ -208,7 +208,8 @@ def worker_main(
         except Exception as e:
             fetcher.current = index if kind == MAP else None
             if on_error == "skip":
-                fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
+                fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: "
+                                       f"{_protocol.safe_str(e)}")
                                    for i in (index if isinstance(index, list) else [index])]
                 _report_skipped(endpoint, task, fetcher, dropped=True)
             else:

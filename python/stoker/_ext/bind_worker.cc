@@ -157,7 +157,7 @@ void register_worker(nb::module_& m) {
       .def("receive", &WorkerEndpoint::Receive)
       .def("send", &WorkerEndpoint::Send, nb::arg("type"), nb::arg("task"), nb::arg("a") = 0,
            nb::arg("payload") = nb::bytes(""))
-      .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
+      .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj").none(),
            nb::arg("mode"), nb::arg("indices") = nb::none())
       .def("open_status", &WorkerEndpoint::OpenStatus, nb::arg("loader_token") = 0)
       .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),

@@ -95,6 +95,11 @@ std::string ShapeText(const int64_t* shape, int ndim) {
   return s + "]";
 }
 
+bool IsExactTensor(PyObject* obj) {
+  PyObject* cls = Types().torch_tensor;
+  return cls != nullptr && Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(cls);
+}
+
 }  // namespace
 
 void PyBatchEncoder::Reset() {
@@ -213,6 +218,9 @@ bool PyBatchEncoder::ViewTensor(PyObject* obj, View* v) {
     PyErr_Clear();
     return ViewTensorDLPack(obj, v);
   }
+  // Only the data pointer is kept: hold the tensor until Write() has copied from it (Python code
+  // run later in Describe, a __reduce__ for instance, may drop every other reference).
+  keep_.push_back(nb::borrow(obj));
   return true;
 }
 
@@ -301,19 +309,18 @@ bool PyBatchEncoder::AddSingle(const View& v, uint8_t flags) {
 
 bool PyBatchEncoder::Collate(const std::vector<PyObject*>& s, std::string& path, int depth,
                              bool column_is_tuple) {
-  if (depth > kMaxNesting) return false;
+  if (depth >= kMaxNesting) return false;  // torch's collate in Python; the result is pickled
   PyTypes& T = Types();
   PyObject* first = s[0];
   const size_t n = s.size();
 
-  // torch.Tensor and np.ndarray: stack.
+  // torch.Tensor and np.ndarray: stack. A tensor subclass (or a mix of types) is stacked by
+  // torch.stack in Python, whose result type its __torch_function__ decides.
   const bool tensor = IsInstance(first, T.torch_tensor);
   if (tensor || IsInstance(first, T.np_ndarray)) {
     std::vector<View> views(n);
     for (size_t i = 0; i < n; ++i) {
-      if (tensor ? !IsInstance(s[i], T.torch_tensor) : !IsInstance(s[i], T.np_ndarray)) {
-        return false;
-      }
+      if (tensor ? !IsExactTensor(s[i]) : !IsInstance(s[i], T.np_ndarray)) return false;
       if (!(tensor ? ViewTensor(s[i], &views[i]) : ViewNumpy(s[i], &views[i]))) return false;
       if (views[i].dtype != views[0].dtype) return false;  // torch promotes: let it
       if (views[i].ndim != views[0].ndim ||
@@ -499,7 +506,8 @@ void PyBatchEncoder::Pickle(PyObject* obj) {
 
 bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
   PyTypes& T = Types();
-  if (depth > kMaxNesting) {
+  if (depth >= kMaxNesting && (PyList_Check(obj) || PyTuple_Check(obj) || PyDict_Check(obj))) {
+    // The wire carries kMaxNesting levels; deeper containers travel pickled, as torch's do.
     if (mode == EncodeMode::kConvert) return false;
     Pickle(obj);
     return true;
@@ -517,9 +525,22 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
     long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
     if (overflow == 0) {
       wire_.AddInt(v);
-    } else {
-      wire_.AddBigInt(Repr(obj));
+      return true;
     }
+    PyObject* text = PyObject_Str(obj);
+    if (text == nullptr) {  // more digits than sys.get_int_max_str_digits() allows: pickled
+      PyErr_Clear();
+      Pickle(obj);
+      return true;
+    }
+    Py_ssize_t size = 0;
+    const char* digits = PyUnicode_AsUTF8AndSize(text, &size);
+    if (digits == nullptr) {
+      Py_DECREF(text);
+      throw nb::python_error();
+    }
+    wire_.AddBigInt(std::string(digits, static_cast<size_t>(size)));
+    Py_DECREF(text);
     return true;
   }
   if (PyFloat_CheckExact(obj)) {
@@ -534,10 +555,12 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
       Pickle(obj);
       return true;
     }
+    keep_.push_back(nb::borrow(obj));  // the UTF-8 bytes live as long as the str
     wire_.AddStr(utf8, static_cast<size_t>(size));
     return true;
   }
   if (PyBytes_CheckExact(obj)) {
+    keep_.push_back(nb::borrow(obj));
     wire_.AddBytes(PyBytes_AS_STRING(obj), static_cast<size_t>(PyBytes_GET_SIZE(obj)));
     return true;
   }
