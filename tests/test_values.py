@@ -290,3 +290,84 @@ def test_nesting_deeper_than_the_limit_in_a_slot_is_corrupt():
         struct.pack_into("<BBBBI", data, nodes_offset + 32 * k, 7, 0, 0, 0, 1)
     with pytest.raises(stoker.CorruptBatchError, match="nesting deeper than 64"):
         _stoker.decode(bytes(data))
+
+
+# --------------------------------------------------------------------------------------------
+# One source for facts both languages read: the extension exports them from the C++ definitions.
+
+
+def test_status_page_layout_comes_from_the_engine():
+    from stoker import _board, top
+
+    fields = _stoker.STATUS_FIELDS
+    assert _stoker.STATUS_PAGE_BYTES == 8 * len(fields)
+    assert len(set(fields)) == len(fields)
+    assert fields[:3] == ("magic", "pid", "state") and fields[-1] == "loader_token"
+    assert [f for f in fields if f.startswith("ns_")] == [
+        "ns_" + s for s in _stoker.WORKER_STATES
+    ]
+    assert _board.STATUS_FIELDS is fields and top.STATUS_FIELDS is fields
+    assert _board.STATES is _stoker.WORKER_STATES
+    assert _stoker.WORKER_STATES[_stoker.STATE_FETCHING] == "loading"
+    assert _board.STATUS_MAGIC == _stoker.STATUS_MAGIC and _board.NO_INDEX == -(2**63)
+
+
+def test_a_live_status_page_reads_with_the_exported_fields():
+    import os
+
+    from stoker import top
+
+    loader = stoker.DataLoader(Samples(int, 8), batch_size=2, num_workers=2,
+                               persistent_workers=True)
+    assert len(list(loader)) == 4
+    mine = [entry["workers"] for entry in top.snapshot() if entry["pid"] == os.getpid()]
+
+    def is_this_loader(workers):
+        return (sorted(w["id"] for w in workers) == [0, 1]
+                and sum(w["samples"] for w in workers) == 8
+                and sum(w["batches"] for w in workers) == 4
+                and all(w["state"] == "idle" and w["rss_bytes"] > 0 for w in workers))
+
+    assert any(is_this_loader(workers) for workers in mine), mine
+    del loader
+
+
+def test_message_types_and_dtypes_come_from_the_engine():
+    from stoker import _protocol
+
+    types = _stoker.MESSAGE_TYPES
+    assert len(set(types.values())) == len(types)
+    for name, value in types.items():
+        assert getattr(_stoker, "MSG_" + name) == value
+    assert _protocol.MSG_BATCH == types["BATCH"] and _protocol.MSG_TASK == types["TASK"]
+    names = _stoker.DTYPE_NAMES
+    assert len(set(names)) == len(names)
+    for code, name in enumerate(names):  # every wire dtype is a torch dtype of that name
+        t = torch.zeros(2, dtype=getattr(torch, name))
+        out = _stoker.decode(_stoker.encode(t, _stoker.MODE_AS_IS))
+        assert out.dtype == t.dtype, (code, name)
+
+
+# --------------------------------------------------------------------------------------------
+# Type stubs ship with the package and describe the extension as built.
+
+
+def test_type_stubs_are_shipped_and_current(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    package = os.path.dirname(stoker.__file__)
+    assert os.path.exists(os.path.join(package, "py.typed"))
+    shipped = os.path.join(package, "_stoker.pyi")
+    assert os.path.exists(shipped)
+    nanobind = pytest.importorskip("nanobind.stubgen")
+    del nanobind
+    fresh = tmp_path / "_stoker.pyi"
+    subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "stoker._stoker",
+                    "-o", str(fresh)], check=True, env={**os.environ,
+                                                       "PYTHONPATH": os.path.dirname(package)})
+    with open(shipped) as f:
+        assert f.read() == fresh.read_text(), (
+            "python/stoker/_stoker.pyi is out of date: after building, run "
+            "python -m nanobind.stubgen -q -m stoker._stoker -o python/stoker/_stoker.pyi")

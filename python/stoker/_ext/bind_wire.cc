@@ -53,9 +53,6 @@ void register_wire(nb::module_& m) {
   m.def("encode", &EncodeBytes, nb::arg("obj").none(), nb::arg("mode"),
         nb::arg("indices") = nb::none());
   m.def("decode", &DecodeBytes, nb::arg("data"));
-  m.attr("MODE_COLLATE") = static_cast<int>(EncodeMode::kCollate);
-  m.attr("MODE_CONVERT") = static_cast<int>(EncodeMode::kConvert);
-  m.attr("MODE_AS_IS") = static_cast<int>(EncodeMode::kAsIs);
 }
 
 }  // namespace stoker::py
