@@ -9,7 +9,7 @@ JOBS     ?= 2
 
 PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 
-.PHONY: all demo test test-cpp test-py bench torch-suite lint format fuzz sanitize install sysdeps clean
+.PHONY: all demo test test-cpp test-py bench torch-suite lint format fuzz sanitize stubs install sysdeps clean
 
 all: install
 
@@ -73,6 +73,11 @@ sanitize: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF -DSTOKER_SANITIZE=thread
 	$(VENV)/bin/cmake --build build/tsan -j $(JOBS) --target $(TSAN_TESTS)
 	for t in $(TSAN_TESTS); do TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/tsan/$$t || exit 1; done
+
+# The extension's type stubs (python/stoker/_stoker.pyi), from the built module; a test checks
+# that the committed copy is current.
+stubs: install
+	$(VPY) -m nanobind.stubgen -q -m stoker._stoker -o python/stoker/_stoker.pyi
 
 lint: $(DEPS)
 	@command -v clang-format >/dev/null || (apt-get update -qq && apt-get install -y -qq clang-format)

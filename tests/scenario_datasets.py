@@ -251,3 +251,19 @@ class RewritesReadySlots(Squares):
                     if words[1] == 2:  # READY
                         words[2] += 1  # the generation
         return super().__getitem__(i)
+
+
+class Keyed(Dataset):
+    """Samples named by str keys ("k0", "k1", ...); loading `bad` kills the worker (SIGSEGV)."""
+
+    def __init__(self, bad, n=32):
+        self.bad = bad
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        if key == self.bad:
+            ctypes.string_at(0)
+        return torch.full((4,), float(key[1:])), int(key[1:])

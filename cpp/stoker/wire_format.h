@@ -26,6 +26,9 @@ constexpr uint32_t kBatchMagic = 0x424b5453;  // "STKB"
 constexpr uint32_t kWireVersion = 1;
 constexpr size_t kArrayAlignment = 64;
 constexpr int kMaxDims = 32;
+// The deepest node sits kMaxNesting containers below the root. Writers keep to it by pickling
+// deeper subtrees (a kPickled node carries any depth); a reader rejects anything deeper as
+// corrupt, so a hostile slot cannot make it recurse without bound.
 constexpr int kMaxNesting = 64;
 
 enum class NodeKind : uint8_t {

@@ -37,17 +37,20 @@ void WorkerStatusWriter::Initialize(WorkerStatusPage* page, uint64_t pid, uint64
   page->worker_id = worker_id;
   page->loader_token = loader_token;
   page->index = kNoIndex;
+  page->position = kNoIndex;
   page->since_ns = MonotonicNs();
   std::atomic_ref<uint64_t>(page->magic).store(kStatusMagic, std::memory_order_release);
 }
 
-void WorkerStatusWriter::Enter(WorkerState state, uint64_t task, int64_t index) {
+void WorkerStatusWriter::Enter(WorkerState state, uint64_t task, int64_t index,
+                               int64_t position) {
   const uint64_t now = MonotonicNs();
   const uint64_t prev = std::atomic_ref<uint64_t>(p_->state).load(std::memory_order_relaxed);
   const uint64_t since = std::atomic_ref<uint64_t>(p_->since_ns).load(std::memory_order_relaxed);
   if (prev < kWorkerStateCount && now > since) Add(&p_->state_ns[prev], now - since);
   Store(&p_->task, task);
   Store(reinterpret_cast<uint64_t*>(&p_->index), static_cast<uint64_t>(index));
+  Store(reinterpret_cast<uint64_t*>(&p_->position), static_cast<uint64_t>(position));
   Store(&p_->since_ns, now);
   Store(&p_->state, static_cast<uint64_t>(state));
 }

@@ -45,6 +45,8 @@ struct WorkerStatusPage {
   uint64_t bytes_sent;                   // bytes of batches written into slots
   uint64_t worker_id;                    // the worker's number in its loader
   uint64_t loader_token;                 // names its loader, for readers in other processes
+  int64_t position;  // where `index` is in its task's list of indices, or kNoIndex: names a
+                     // sample whose index is not an int (a str, a tuple) to the main process
 };
 
 // Lock-free single-writer updates (worker) and reads (main), on a page in shared memory.
@@ -54,7 +56,7 @@ class WorkerStatusWriter {
   static void Initialize(WorkerStatusPage* page, uint64_t pid, uint64_t worker_id,
                          uint64_t loader_token);
   // Enters `state`; the time spent in the previous state is added to its counter.
-  void Enter(WorkerState state, uint64_t task, int64_t index);
+  void Enter(WorkerState state, uint64_t task, int64_t index, int64_t position = kNoIndex);
   void AddSample() { Add(&p_->samples, 1); }
   void AddBatch(uint64_t bytes);
   void SetRss(uint64_t rss) { Store(&p_->rss_bytes, rss); }

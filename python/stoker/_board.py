@@ -14,6 +14,8 @@ import os
 import secrets
 import time
 
+from . import _stoker
+
 BOARD_NAME = "stoker-board"
 STATUS_NAME = "stoker-status"
 MAGIC = 0x424F415244535450  # "BOARDSTP"
@@ -23,13 +25,12 @@ FIELDS = ("magic", "version", "token", "main_pid", "num_workers", "epoch", "batc
           "waited_ns", "started_ns", "deaths", "skipped", "restarts")
 F = {name: i for i, name in enumerate(FIELDS)}
 
-# Worker status page (worker_status.h, WorkerStatusPage), uint64 each.
-STATUS_FIELDS = ("magic", "pid", "state", "task", "index", "since_ns", "samples", "batches",
-                 "rss_bytes", "ns_starting", "ns_idle", "ns_loading", "ns_collating",
-                 "ns_encoding", "ns_exiting", "bytes_sent", "worker_id", "loader_token")
-STATUS_MAGIC = 0x5354415455535054
-STATES = ("starting", "idle", "loading", "collating", "encoding", "exiting")
-NO_INDEX = -(2**63)
+# Worker status page (worker_status.h, WorkerStatusPage), uint64 each: names, order, magic and
+# state names come from the C++ definitions through the extension.
+STATUS_FIELDS = _stoker.STATUS_FIELDS
+STATUS_MAGIC = _stoker.STATUS_MAGIC
+STATES = _stoker.WORKER_STATES
+NO_INDEX = _stoker.NO_INDEX
 
 
 class Board:
@@ -39,8 +40,6 @@ class Board:
         self.token = secrets.randbits(62)
         self.fd = os.memfd_create(BOARD_NAME, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, mmap.PAGESIZE)
-        from . import _stoker
-
         self.v = _stoker.map_shared(self.fd, len(FIELDS))
         self.v[:] = 0
         self.v[F["version"]] = 1

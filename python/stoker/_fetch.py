@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._protocol import safe_str
+
 MAP, ITERABLE = 0, 1
 
 
@@ -26,7 +28,7 @@ class Dropped(Exception):
 
 
 def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {safe_str(exc)}"
 
 
 class Fetcher:
@@ -49,10 +51,12 @@ class Fetcher:
             self.iterator = iter(dataset)
             self.ended = False
 
-    def _begin(self, index):
+    def _begin(self, index, position=None):
+        """`position`: where `index` is in the task's list of indices (0 for a task that is
+        one index), so the main process can name a sample whose index is not an int."""
         self.current = index
         if self.on_sample is not None:
-            self.on_sample(index)
+            self.on_sample(index, position)
 
     def _one(self, load, index):
         """load() under the error policy; returns (ok, sample)."""
@@ -84,7 +88,7 @@ class Fetcher:
     def _fetch_map(self, index):
         ds = self.dataset
         if not self.auto_collation:
-            self._begin(index)
+            self._begin(index, 0)
             ok, sample = self._one(lambda: ds[index], index)
             if not ok:
                 raise Dropped()
@@ -99,15 +103,15 @@ class Fetcher:
             except Exception:
                 pass  # find the culprit sample by sample, under the policy
             data = []
-            for i in index:
-                self._begin(i)
+            for pos, i in enumerate(index):
+                self._begin(i, pos)
                 ok, sample = self._one(lambda i=i: getitems([i])[0], i)
                 if ok:
                     data.append(sample)
         else:
             data = []
-            for i in index:
-                self._begin(i)
+            for pos, i in enumerate(index):
+                self._begin(i, pos)
                 ok, sample = self._one(lambda i=i: ds[i], i)
                 if ok:
                     data.append(sample)

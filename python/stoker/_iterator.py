@@ -365,6 +365,13 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _on_exit(self, ex) -> None:
         tasks = self._tasks.in_flight(ex.worker_id)
+        if ex.index is None and ex.position is not None and ex.task in tasks:
+            # The sample's index is not an int (a str, a tuple): its place in the task names it.
+            ix = self._tasks.index.get(ex.task)
+            if isinstance(ix, list) and ex.position < len(ix):
+                ex.index = ix[ex.position]
+            elif not isinstance(ix, list) and ix is not None and ix is not Dropped:
+                ex.index = ix
         indices = [ex.index] if ex.index is not None else self._tasks.indices_of(tasks)
 
         def crashed(death, indices, message):

@@ -2,7 +2,8 @@
 
 Plain pickle, except for torch tensors that DLPack cannot export (float8, complex32, conjugate
 views...): torch's own pickling of those relies on its shared-memory reductions, so they travel
-here as their raw bytes plus dtype and shape, and are rebuilt as the same tensor.
+here as their raw bytes plus dtype and shape, and are rebuilt as the same tensor. Meta and nested
+tensors, and tensor subclasses, use torch's plain pickling, as torch.save does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
         if torch is None or type(obj) is not torch.Tensor or obj.layout != torch.strided:
+            return NotImplemented
+        if obj.is_nested or obj.is_meta:
+            # torch's own pickling keeps them (a meta tensor has no bytes; a nested tensor's
+            # buffer is a plain tensor, which comes back here).
             return NotImplemented
         t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""

@@ -55,26 +55,68 @@ def decode_index(fmt: int, payload: bytes):
 
 
 def encode_error(exc: BaseException, worker_id: int, index) -> bytes:
-    """A picklable report of an exception raised in a worker (type kept when picklable)."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """A picklable report of an exception raised in a worker (type kept when picklable).
+
+    Never raises for a strange exception: its __str__, its traceback's frames, its type's
+    pickling and the index's repr may each fail, and the report still goes out with what could
+    be read, so the main process names the failure instead of seeing the worker die.
+    """
     exc_type = type(exc)
+    type_name = _type_name(exc_type)
     try:
         pickle.loads(pickle.dumps(exc_type))
     except Exception:
         exc_type = None
     report = {
         "type": exc_type,
-        "type_name": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": str(exc),
-        "traceback": tb,
+        "type_name": type_name,
+        "message": safe_str(exc),
+        "traceback": _traceback_text(exc, type_name),
         "worker_id": worker_id,
         "index": index,
     }
     try:
         return pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        report["index"] = repr(index)
+        report["index"] = _safe_repr(index)
         return pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def safe_str(exc: BaseException) -> str:
+    """str(exc), or what can be said about exc when its __str__ raises."""
+    try:
+        return str(exc)
+    except Exception:
+        pass
+    try:
+        return f"<exception str() failed; args: {_safe_repr(exc.args)}>"
+    except Exception:
+        return "<exception str() failed>"
+
+
+def _type_name(cls) -> str:
+    module = getattr(cls, "__module__", None)
+    name = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", None) or "?"
+    return f"{module}.{name}" if isinstance(module, str) and module else str(name)
+
+
+def _traceback_text(exc: BaseException, type_name: str) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        pass
+    try:  # the frames alone, when the exception's own text is what fails
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        return f"Traceback (most recent call last):\n{frames}{type_name}: {safe_str(exc)}\n"
+    except Exception:
+        return f"{type_name}: {safe_str(exc)} (its traceback could not be formatted)\n"
+
+
+def _safe_repr(obj) -> str:
+    try:
+        return repr(obj)
+    except Exception:
+        return f"<{_type_name(type(obj))} object (repr() failed)>"
 
 
 def decode_error(payload: bytes) -> dict:
@@ -82,6 +124,6 @@ def decode_error(payload: bytes) -> dict:
 
 
 def short_repr(obj, limit: int = 200) -> str:
-    r = repr(obj)
+    r = _safe_repr(obj)
     return r if len(r) <= limit else r[: limit - 3] + "..."
 

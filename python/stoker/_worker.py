@@ -184,8 +184,9 @@ def worker_main(
 
     task_box = [0]
 
-    def on_sample(index):
-        endpoint.enter(_protocol.STATE_FETCHING, task_box[0], _status_index(index))
+    def on_sample(index, position):
+        endpoint.enter(_protocol.STATE_FETCHING, task_box[0], _status_index(index),
+                       -1 if position is None else position)
         endpoint.add_sample()
 
     def new_fetcher():
@@ -250,7 +251,8 @@ def worker_main(
             except Exception as e:
                 fetcher.current = index if kind == MAP else None
                 if on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
-                    fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: {e}")
+                    fetcher.skipped = [(i, f"collate failed: {type(e).__name__}: "
+                                           f"{_protocol.safe_str(e)}")
                                        for i in (index if isinstance(index, list) else [index])]
                     _report_skipped(endpoint, task, fetcher, dropped=True)
                 else:

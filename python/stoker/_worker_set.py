@@ -49,6 +49,8 @@ class Exit:
     hung: bool  # we killed it for a hang
     started: bool  # it had reported a status page (it got past start-up)
     outside: bool  # a SIGKILL nothing in the loader or the OOM killer explains
+    task: int | None = None  # the task it was working on, and the position of the sample in it:
+    position: int | None = None  # they name a sample whose index is not an int
 
 
 @dataclass
@@ -258,7 +260,9 @@ class WorkerSet:
         )
         return Exit(worker_id, pid, signum, None if signum else exit_code, cause, explanation,
                     index, busy, hung is not None, bool(status) or hung is not None,
-                    outside=signum == signal.SIGKILL and not oom and hung is None)
+                    outside=signum == signal.SIGKILL and not oom and hung is None,
+                    task=status.get("task") if busy or hung else None,
+                    position=status.get("position") if busy or hung else None)
 
     # -- watching --------------------------------------------------------------------------------
     def check(self, queued: dict[int, int], hang_timeout) -> None:

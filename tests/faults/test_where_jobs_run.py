@@ -237,3 +237,20 @@ assert len(msgs) == 1, [str(x.message) for x in w]
 print("OK")
 """, timeout=90)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_quarantine_names_str_indices(script):
+    r = script(SETUP + """
+from torch.utils.data import Sampler
+class Keys(Sampler):
+    def __len__(self): return 32
+    def __iter__(self): return (f"k{i}" for i in range(32))
+loader = stoker.DataLoader(Keyed("k9"), batch_size=4, num_workers=2, sampler=Keys(),
+                           on_error="skip")
+got = list(loader)
+assert labels(got) == [i for i in range(32) if i != 9], labels(got)
+assert [s.index for s in loader.skipped] == ["k9"], loader.skipped
+assert [d.index for d in loader.deaths] == ["k9", "k9"], loader.deaths
+print("OK")
+""", timeout=90)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -94,6 +94,7 @@ class PySupervisor {
     d["state"] = WorkerStateName(p.state);
     d["task"] = p.task;
     d["index"] = p.index == kNoIndex ? nb::none() : nb::cast(p.index);
+    d["position"] = p.position == kNoIndex ? nb::none() : nb::cast(p.position);
     const uint64_t now = MonotonicNs();
     d["state_seconds"] = now > p.since_ns ? (now - p.since_ns) * 1e-9 : 0.0;
     d["samples"] = p.samples;
@@ -157,23 +158,7 @@ void register_supervisor(nb::module_& m) {
       .def("owned_fds", &PySupervisor::OwnedFds)
       .def_prop_ro("mapped_slot_count", &PySupervisor::mapped_slot_count);
   m.def("channel_pair", &ChannelPair, "A connected SOCK_SEQPACKET pair (close-on-exec).");
-  // Message types of the control channel (channel.h).
-  m.attr("MSG_TASK") = static_cast<uint32_t>(MessageType::kTask);
-  m.attr("MSG_RESUME") = static_cast<uint32_t>(MessageType::kResume);
-  m.attr("MSG_STOP") = static_cast<uint32_t>(MessageType::kStop);
-  m.attr("MSG_BATCH") = static_cast<uint32_t>(MessageType::kBatch);
-  m.attr("MSG_ERROR") = static_cast<uint32_t>(MessageType::kError);
-  m.attr("MSG_END") = static_cast<uint32_t>(MessageType::kEnd);
-  m.attr("MSG_RESUMED") = static_cast<uint32_t>(MessageType::kResumed);
-  m.attr("MSG_HELLO") = static_cast<uint32_t>(MessageType::kHello);
-  m.attr("MSG_LOG_FILE") = static_cast<uint32_t>(MessageType::kLogFile);
-  m.attr("MSG_SKIPPED") = static_cast<uint32_t>(MessageType::kSkipped);
-  m.attr("LOG_CRASH") = static_cast<int>(LogKind::kCrash);
-  m.attr("LOG_STDERR") = static_cast<int>(LogKind::kStderr);
-  m.attr("STATE_IDLE") = static_cast<int>(WorkerState::kIdle);
-  m.attr("STATE_FETCHING") = static_cast<int>(WorkerState::kFetching);
-  m.attr("STATE_COLLATING") = static_cast<int>(WorkerState::kCollating);
-  m.attr("STATE_ENCODING") = static_cast<int>(WorkerState::kEncoding);
+  // Message types, log kinds and states: bind_constants.cc.
 }
 
 }  // namespace stoker::py

@@ -66,12 +66,10 @@ nb::object MapShared(int fd, size_t count, bool writable) {
 
 void register_wire(nb::module_& m) {
   m.def("map_shared", &MapShared, nb::arg("fd"), nb::arg("count"), nb::arg("writable") = true,
-        "An int64 array over a MAP_SHARED mapping of the first count * 8 bytes of fd.");
-  m.def("encode", &EncodeBytes, nb::arg("obj"), nb::arg("mode"), nb::arg("indices") = nb::none());
+        "An int64 array over a MAP_SHARED mapping of fd (count * 8 <= one page).");
+  m.def("encode", &EncodeBytes, nb::arg("obj").none(), nb::arg("mode"),
+        nb::arg("indices") = nb::none());
   m.def("decode", &DecodeBytes, nb::arg("data"));
-  m.attr("MODE_COLLATE") = static_cast<int>(EncodeMode::kCollate);
-  m.attr("MODE_CONVERT") = static_cast<int>(EncodeMode::kConvert);
-  m.attr("MODE_AS_IS") = static_cast<int>(EncodeMode::kAsIs);
 }
 
 }  // namespace stoker::py

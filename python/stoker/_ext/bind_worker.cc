@@ -103,8 +103,9 @@ class WorkerEndpoint {
   }
 
   // Records what the worker is doing: state (WorkerState), task, dataset index (an int that
-  // fits int64, or anything else for "not an int").
-  void Enter(int state, uint64_t task, nb::handle index) {
+  // fits int64, or anything else for "not an int") and its position in the task's index list
+  // (-1: none), which names a sample whose index is not an int.
+  void Enter(int state, uint64_t task, nb::handle index, int64_t position) {
     if (status_ == nullptr) return;
     int64_t idx = kNoIndex;
     if (PyLong_CheckExact(index.ptr())) {
@@ -113,7 +114,8 @@ class WorkerEndpoint {
       if (overflow == 0 && !(v == -1 && PyErr_Occurred())) idx = v;
       PyErr_Clear();
     }
-    WorkerStatusWriter(status_).Enter(static_cast<WorkerState>(state), task, idx);
+    WorkerStatusWriter(status_).Enter(static_cast<WorkerState>(state), task, idx,
+                                      position >= 0 ? position : kNoIndex);
   }
   void AddSample() {
     if (status_ != nullptr) WorkerStatusWriter(status_).AddSample();
@@ -166,14 +168,14 @@ void register_worker(nb::module_& m) {
       .def("receive", &WorkerEndpoint::Receive)
       .def("send", &WorkerEndpoint::Send, nb::arg("type"), nb::arg("task"), nb::arg("a") = 0,
            nb::arg("payload") = nb::bytes(""))
-      .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj"),
+      .def("send_batch", &WorkerEndpoint::SendBatch, nb::arg("task"), nb::arg("obj").none(),
            nb::arg("mode"), nb::arg("indices") = nb::none())
       .def("set_shared_memory_limit", &WorkerEndpoint::SetSharedMemoryLimit, nb::arg("cap_bytes"),
            nb::arg("patience_s"),
            "Caps this worker's slots (0: no cap); a batch waits at most patience_s for room.")
       .def("open_status", &WorkerEndpoint::OpenStatus, nb::arg("loader_token") = 0)
       .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),
-           nb::arg("index").none())
+           nb::arg("index").none(), nb::arg("position") = -1)
       .def("add_sample", &WorkerEndpoint::AddSample)
       .def("update_rss", &WorkerEndpoint::UpdateRss)
       .def("send_fd", &WorkerEndpoint::SendFd, nb::arg("type"), nb::arg("a"), nb::arg("fd"))

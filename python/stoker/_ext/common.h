@@ -39,8 +39,15 @@ struct PyTypes {
 };
 PyTypes& Types();
 
-// The format a NodePath is printed in: ['image'][0].label
+// repr(obj), or "<unprintable>" when repr raises.
 std::string Repr(nb::handle obj);
+
+// isinstance(obj, cls), false when cls is null or the check raises.
+bool IsInstance(PyObject* obj, PyObject* cls);
+// A namedtuple: a tuple subclass whose class has `_fields`, a tuple of one name per item.
+bool IsNamedTuple(PyObject* obj);
+// type(obj) is torch.Tensor (not a subclass); false when torch is not loaded.
+bool IsExactTensor(PyObject* obj);
 
 DType FromDLPack(nb::dlpack::dtype dt, bool* ok);
 nb::dlpack::dtype ToDLPack(DType d);

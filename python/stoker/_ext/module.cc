@@ -8,6 +8,7 @@ namespace stoker::py {
 void register_worker(nb::module_& m);
 void register_supervisor(nb::module_& m);
 void register_wire(nb::module_& m);
+void register_constants(nb::module_& m);
 
 [[noreturn]] void Raise(const Status& st) {
   nb::object errors = nb::module_::import_("stoker._errors");
@@ -35,66 +36,6 @@ void register_wire(nb::module_& m);
   nb::object cls = errors.attr(name);
   PyErr_SetString(cls.ptr(), message.c_str());
   throw nb::python_error();
-}
-
-PyTypes& Types() {
-  static PyTypes* t = nullptr;
-  if (t != nullptr) {
-    if (t->torch_tensor == nullptr) {
-      // torch may have been imported after our first use (workers import it lazily).
-      nb::object modules = nb::module_::import_("sys").attr("modules");
-      PyObject* loaded = PyDict_GetItemString(modules.ptr(), "torch");
-      if (loaded != nullptr && loaded != Py_None) {
-        nb::object torch = nb::module_::import_("torch");
-        t->torch_tensor = torch.attr("Tensor").ptr();
-        Py_INCREF(t->torch_tensor);
-        t->torch_from_dlpack = nb::module_::import_("torch.utils.dlpack").attr("from_dlpack");
-        t->torch_strided = torch.attr("strided").ptr();
-        Py_INCREF(t->torch_strided);
-        const std::pair<const char*, DType> names[] = {{"bool", DType::kBool},
-                                                       {"uint8", DType::kUInt8},
-                                                       {"int8", DType::kInt8},
-                                                       {"int16", DType::kInt16},
-                                                       {"int32", DType::kInt32},
-                                                       {"int64", DType::kInt64},
-                                                       {"uint16", DType::kUInt16},
-                                                       {"uint32", DType::kUInt32},
-                                                       {"uint64", DType::kUInt64},
-                                                       {"float16", DType::kFloat16},
-                                                       {"bfloat16", DType::kBFloat16},
-                                                       {"float32", DType::kFloat32},
-                                                       {"float64", DType::kFloat64},
-                                                       {"complex64", DType::kComplex64},
-                                                       {"complex128", DType::kComplex128}};
-        for (const auto& [name, dt] : names) {
-          if (nb::hasattr(torch, name)) t->torch_dtypes[torch.attr(name)] = static_cast<int>(dt);
-        }
-        t->torch_output = true;
-      }
-    }
-    return *t;
-  }
-  t = new PyTypes();
-  nb::object np = nb::module_::import_("numpy");
-  t->np_ndarray = np.attr("ndarray").ptr();
-  t->np_generic = np.attr("generic").ptr();
-  t->np_bool = np.attr("bool_").ptr();
-  t->np_number = np.attr("number").ptr();
-  for (PyObject* o : {t->np_ndarray, t->np_generic, t->np_bool, t->np_number}) Py_INCREF(o);
-  t->pickle_dumps = nb::module_::import_("stoker._pickling").attr("dumps");
-  t->pickle_loads = nb::module_::import_("pickle").attr("loads");
-  return Types();
-}
-
-std::string Repr(nb::handle obj) {
-  PyObject* r = PyObject_Repr(obj.ptr());
-  if (r == nullptr) {
-    PyErr_Clear();
-    return "<unprintable>";
-  }
-  std::string s = PyUnicode_AsUTF8(r);
-  Py_DECREF(r);
-  return s;
 }
 
 DType FromDLPack(nb::dlpack::dtype dt, bool* ok) {
@@ -180,6 +121,7 @@ NB_MODULE(_stoker, m) {
   // the slot instead of viewing it (py_decode.h).
   m.attr("VIEW_MIN_BYTES") = kViewMinBytes;
   m.attr("VIEW_SLOT_DIVISOR") = kViewSlotDivisor;
+  register_constants(m);
   register_wire(m);
   register_worker(m);
   register_supervisor(m);

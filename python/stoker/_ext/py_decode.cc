@@ -10,12 +10,40 @@
 namespace stoker::py {
 namespace {
 
+// A value the validator cannot check (the bytes of a str or of a big int) turned out invalid:
+// the worker's memory was overwritten, as for any other corrupt batch.
+[[noreturn]] void CorruptValue(size_t node, const char* what) {
+  PyErr_Clear();
+  RaiseStoker("CorruptBatchError",
+              "corrupt batch in shared memory: node " + std::to_string(node) + " holds " + what +
+                  ". A worker wrote something into its shared-memory slot that is not a valid "
+                  "batch (a memory bug in a C extension used by the dataset?). The batch was "
+                  "dropped; the main process is unharmed.");
+}
+
+// Python allocation failed (MemoryError is set): raise it.
+PyObject* Checked(PyObject* obj) {
+  if (obj == nullptr) throw nb::python_error();
+  return obj;
+}
+
+// The decimal text of an int outside int64: an optional '-' and at least one digit.
+bool IsDecimal(const uint8_t* p, uint64_t n) {
+  uint64_t i = (n > 0 && p[0] == '-') ? 1 : 0;
+  if (i == n) return false;
+  for (; i < n; ++i) {
+    if (p[i] < '0' || p[i] > '9') return false;
+  }
+  return true;
+}
+
 class Builder {
  public:
   Builder(const DecodedBatch& b, nb::handle owner, uint64_t view_threshold)
       : b_(b), owner_(owner), view_threshold_(view_threshold) {}
 
   nb::object Next(int depth) {
+    const size_t at = pos_;
     const DecodedNode& n = b_.nodes[pos_++];
     switch (n.kind) {
       case NodeKind::kNone:
@@ -29,15 +57,26 @@ class Builder {
       case NodeKind::kStr: {
         PyObject* s = PyUnicode_DecodeUTF8(reinterpret_cast<const char*>(n.data),
                                            static_cast<Py_ssize_t>(n.nbytes), "strict");
-        if (s == nullptr) throw nb::python_error();
+        if (s == nullptr) {
+          if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            CorruptValue(at, "a str that is not valid UTF-8");
+          }
+          throw nb::python_error();
+        }
         return nb::steal(s);
       }
       case NodeKind::kBytes:
-        return nb::steal(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(n.data),
-                                                   static_cast<Py_ssize_t>(n.nbytes)));
+        return nb::steal(Checked(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(n.data),
+                                                           static_cast<Py_ssize_t>(n.nbytes))));
       case NodeKind::kBigInt: {
+        // Copied first: the slot's bytes could change between the check and the parse.
         std::string text(reinterpret_cast<const char*>(n.data), n.nbytes);
+        if (!IsDecimal(reinterpret_cast<const uint8_t*>(text.data()), text.size())) {
+          CorruptValue(at, "an int whose text is not a decimal number");
+        }
         PyObject* v = PyLong_FromString(text.c_str(), nullptr, 10);
+        // A valid decimal can still fail here: sys.set_int_max_str_digits is lower in this
+        // process than in the worker. That ValueError is Python's own, so it is raised as is.
         if (v == nullptr) throw nb::python_error();
         return nb::steal(v);
       }
@@ -47,7 +86,8 @@ class Builder {
         return Array(n);
       case NodeKind::kList:
       case NodeKind::kTuple: {
-        PyObject* seq = n.kind == NodeKind::kList ? PyList_New(n.count) : PyTuple_New(n.count);
+        PyObject* seq =
+            Checked(n.kind == NodeKind::kList ? PyList_New(n.count) : PyTuple_New(n.count));
         nb::object out = nb::steal(seq);
         for (uint32_t i = 0; i < n.count; ++i) {
           nb::object item = Next(depth + 1);
@@ -80,8 +120,8 @@ class Builder {
 
  private:
   nb::object Unpickle(const uint8_t* data, uint64_t nbytes) {
-    nb::object blob = nb::steal(PyBytes_FromStringAndSize(reinterpret_cast<const char*>(data),
-                                                          static_cast<Py_ssize_t>(nbytes)));
+    nb::object blob = nb::steal(Checked(PyBytes_FromStringAndSize(
+        reinterpret_cast<const char*>(data), static_cast<Py_ssize_t>(nbytes))));
     return Types().pickle_loads(blob);
   }
 

@@ -1,0 +1,165 @@
+"""stoker's C++ engine: slots, channels, wire format and supervision."""
+
+
+
+page_size: int = 4096
+
+VIEW_MIN_BYTES: int = 65536
+
+VIEW_SLOT_DIVISOR: int = 8
+
+STATUS_FIELDS: tuple = ...
+
+STATUS_PAGE_BYTES: int = 152
+
+STATUS_MAGIC: int = 6004496033656295508
+
+NO_INDEX: int = -9223372036854775808
+
+WORKER_STATES: tuple = ...
+
+STATE_IDLE: int = 1
+
+STATE_FETCHING: int = 2
+
+STATE_COLLATING: int = 3
+
+STATE_ENCODING: int = 4
+
+MSG_TASK: int = 1
+
+MSG_RESUME: int = 2
+
+MSG_STOP: int = 3
+
+MSG_SLOT_NEW: int = 10
+
+MSG_SLOT_RETIRE: int = 11
+
+MSG_BATCH: int = 12
+
+MSG_ERROR: int = 13
+
+MSG_END: int = 14
+
+MSG_RESUMED: int = 15
+
+MSG_HELLO: int = 16
+
+MSG_STATUS_PAGE: int = 17
+
+MSG_LOG_FILE: int = 18
+
+MSG_SKIPPED: int = 19
+
+MESSAGE_TYPES: dict = ...
+
+LOG_CRASH: int = 0
+
+LOG_STDERR: int = 1
+
+DTYPE_NAMES: tuple = ...
+
+MODE_COLLATE: int = 0
+
+MODE_CONVERT: int = 1
+
+MODE_AS_IS: int = 2
+
+def map_shared(fd: int, count: int, writable: bool = True) -> object:
+    """
+    An int64 array over a MAP_SHARED mapping of fd (count * 8 <= one page).
+    """
+
+def encode(obj: object | None, mode: int, indices: object | None = None) -> bytes: ...
+
+def decode(data: bytes) -> object: ...
+
+class WorkerEndpoint:
+    """A worker's end of its channel and its pool of slots."""
+
+    def __init__(self, sock: int, worker_id: int) -> None: ...
+
+    def arm_guard(self, parent_pid: int) -> None:
+        """
+        Die with the parent (PR_SET_PDEATHSIG) and when the main process closes the channel.
+        """
+
+    def receive(self) -> object: ...
+
+    def send(self, type: int, task: int, a: int = 0, payload: bytes = ...) -> None: ...
+
+    def send_batch(self, task: int, obj: object | None, mode: int, indices: object | None = None) -> bool: ...
+
+    def set_shared_memory_limit(self, cap_bytes: int, patience_s: float) -> None:
+        """
+        Caps this worker's slots (0: no cap); a batch waits at most patience_s for room.
+        """
+
+    def open_status(self, loader_token: int = 0) -> None: ...
+
+    def enter(self, state: int, task: int, index: object | None, position: int = -1) -> None: ...
+
+    def add_sample(self) -> None: ...
+
+    def update_rss(self) -> None: ...
+
+    def send_fd(self, type: int, a: int, fd: int) -> None: ...
+
+    @property
+    def slot_count(self) -> int: ...
+
+    @property
+    def mapped_bytes(self) -> int: ...
+
+    @property
+    def fd(self) -> int: ...
+
+class SlotLease:
+    """Keeps one batch's slot lent while any tensor view of it is alive."""
+
+class PendingBatch:
+    """A batch announced by a worker, not yet handed out."""
+
+    def decode(self) -> object:
+        """Validates the slot and builds the batch as views of it."""
+
+    def discard(self) -> None:
+        """Hands the slot back without building anything."""
+
+    @property
+    def worker(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+class Supervisor:
+    """Watches workers: their channels and pidfds in one epoll set."""
+
+    def __init__(self) -> None: ...
+
+    def add_worker(self, worker: int, sock: int, pid: int) -> None: ...
+
+    def remove_worker(self, worker: int) -> None: ...
+
+    def has_worker(self, worker: int) -> bool: ...
+
+    def send(self, worker: int, type: int, task: int, a: int = 0, payload: bytes = ...) -> None: ...
+
+    def wait(self, timeout: object | None = None) -> object: ...
+
+    def status(self, worker: int) -> object: ...
+
+    def read_log(self, worker: int, kind: int, max_bytes: int = 65536) -> str: ...
+
+    def signal(self, worker: int, signum: int) -> None: ...
+
+    def slot_usage(self) -> dict: ...
+
+    def owned_fds(self) -> list[int]: ...
+
+    @property
+    def mapped_slot_count(self) -> int: ...
+
+def channel_pair() -> tuple:
+    """A connected SOCK_SEQPACKET pair (close-on-exec)."""
