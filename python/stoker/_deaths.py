@@ -12,6 +12,8 @@ def signal_name(signum: int) -> str:
     try:
         return _signal.Signals(signum).name
     except ValueError:
+        if _signal.SIGRTMIN <= signum <= _signal.SIGRTMAX:
+            return f"SIGRTMIN+{signum - _signal.SIGRTMIN}"
         return f"signal {signum}"
 
 

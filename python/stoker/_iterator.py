@@ -159,6 +159,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._worker_init_fn = loader.worker_init_fn
+        if _torch_compat.is_datapipe(self._dataset):  # shard across ranks and workers, as torch
+            self._worker_init_fn = _torch_compat.sharding_worker_init_fn(
+                self._worker_init_fn, self._world_size, self._rank)
         self._collate_mode = _collate_mode(loader)
         self._kind = _worker.ITERABLE if isinstance(self._dataset, IterableDataset) else _worker.MAP
         self._state = loader._stoker_state
@@ -196,7 +199,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             # the fork server, not this process (the channel covers us).
             _worker.parent_pid_for(method),
             self._opts["on_error"], self._opts["max_retries"], self._board.token,
-            self._opts["max_shared_memory"],
+            self._opts["max_shared_memory"], self._shared_seed,
         )
 
     def _start(self, start) -> None:
@@ -251,7 +254,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             waiting = self._awaiting_resume
             for w in range(self._num_workers):
                 if self._set.has(w):
-                    self._set.send(w, MSG_RESUME, 0)  # if it died, the wait below sees it
+                    # (if it died, the wait below sees it); an IterDataPipe's workers get the
+                    # new epoch's shared seed
+                    seed = b"" if self._shared_seed is None else str(self._shared_seed).encode()
+                    self._set.send(w, MSG_RESUME, 0, 0, seed)
                     waiting.add(w)
             while waiting:
                 ev = self._wait()

@@ -46,6 +46,43 @@ def numpy_seed(base_seed: int, worker_id: int):
     return _generate_state(base_seed, worker_id)
 
 
+def is_datapipe(dataset) -> bool:
+    try:
+        from torch.utils.data import IterDataPipe, MapDataPipe
+    except ImportError:
+        return False
+    return isinstance(dataset, (IterDataPipe, MapDataPipe))
+
+
+def is_iter_datapipe(dataset) -> bool:
+    try:
+        from torch.utils.data import IterDataPipe
+    except ImportError:
+        return False
+    return isinstance(dataset, IterDataPipe)
+
+
+def sharding_worker_init_fn(worker_init_fn, world_size: int, rank: int):
+    """A DataPipe's worker_init_fn that first shards the pipe across ranks and workers, as
+    torch's iterator wraps it."""
+    import functools
+
+    from torch.utils.data.dataloader import _sharding_worker_init_fn
+
+    return functools.partial(_sharding_worker_init_fn, worker_init_fn, world_size, rank)
+
+
+def with_shared_seed(dataset, seed: int):
+    """An IterDataPipe whose random operations (shuffle) draw from `seed`: the same in every
+    worker of an epoch, as torch does."""
+    import torch
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    rng = torch.Generator()
+    rng.manual_seed(seed)
+    return apply_random_seed(dataset, rng)
+
+
 def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset):
     """Makes ``torch.utils.data.get_worker_info()`` answer in a stoker worker; returns the info."""
     from torch.utils.data._utils import worker as torch_worker

@@ -147,6 +147,7 @@ def worker_main(
     max_retries: int = 3,
     loader_token: int = 0,
     max_shared_memory: int | None = None,
+    shared_seed: int | None = None,
 ) -> None:
     # Objects inherited from the parent are left alone by this worker's garbage collector: their
     # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
@@ -161,8 +162,15 @@ def worker_main(
         share = max(1, max_shared_memory // max(1, num_workers))
         endpoint.set_shared_memory_limit(share, SHARED_MEMORY_PATIENCE_S)
     endpoint.arm_guard(parent_pid)
-    endpoint.open_status(loader_token)
-    _share_logs(endpoint)
+    try:
+        # The crash log first: once the main process sees a status page, it may ask for a
+        # stack (DUMP_SIGNAL), which faulthandler must be ready to answer.
+        _share_logs(endpoint)
+        endpoint.open_status(loader_token)
+    except EngineError:
+        if _main_gone(fd):
+            return  # the iterator was dropped while this worker started
+        raise
 
     if "torch" in sys.modules or collate_mode != MODE_AS_IS:
         try:
@@ -178,6 +186,10 @@ def worker_main(
         except Exception:
             pass
     seed = _seed(base_seed, worker_id)
+    if shared_seed is not None:  # an IterDataPipe: one shuffle order for all workers
+        from ._torch_compat import with_shared_seed
+
+        dataset = with_shared_seed(dataset, shared_seed)
     from . import _info
 
     _info.set_worker_info(worker_id, num_workers, seed, dataset)
@@ -202,7 +214,7 @@ def worker_main(
         init_error = e
 
     def serve():
-        nonlocal init_error, fetcher
+        nonlocal init_error, fetcher, dataset
         ended = False
         while True:
             endpoint.enter(_protocol.STATE_IDLE, task_box[0], None)
@@ -214,6 +226,10 @@ def worker_main(
                 break
             if mtype == MSG_RESUME:
                 ended = False
+                if payload:  # the new epoch's shared seed of an IterDataPipe
+                    from ._torch_compat import with_shared_seed
+
+                    dataset = with_shared_seed(dataset, int(payload))
                 if init_error is None:
                     try:
                         fetcher = new_fetcher()

@@ -115,7 +115,8 @@ class WorkerSet:
         self._lock = threading.RLock()
         self._sup = _stoker.Supervisor()
         _fdpass.register_supervisor(self._sup)
-        self._procs: list = [None] * num_workers
+        self._procs: list = [None] * num_workers  # the live process of each worker id
+        self._all_procs: list = []  # every process started, as torch's iterator keeps them
         self._started_at = [0.0] * num_workers
         self._leaving: set[int] = set()  # told to exit: their exit is no error
         self._hung: dict[int, tuple] = {}  # worker -> (index, seconds, stack) when we killed it
@@ -129,10 +130,11 @@ class WorkerSet:
     # -- processes -------------------------------------------------------------------------------
     @property
     def processes(self) -> list:
-        """The worker processes by worker id (multiprocessing.Process: ``.pid``,
-        ``.is_alive()``); a copy, so a reader in another thread never sees it change."""
+        """Every worker process started (multiprocessing.Process: ``.pid``, ``.is_alive()``,
+        ``.join()``), in start order, as torch's iterator keeps them in ``_workers``: ended ones
+        stay listed. A copy, so a reader in another thread never sees it change."""
         with self._lock:
-            return list(self._procs)
+            return list(self._all_procs)
 
     def pid(self, worker_id: int):
         p = self._procs[worker_id]
@@ -179,6 +181,7 @@ class WorkerSet:
         with self._lock:
             self._sup.add_worker(worker_id, main_end, proc.pid)
             self._procs[worker_id] = proc
+            self._all_procs.append(proc)
             self._started_at[worker_id] = time.monotonic()
             self._stuck.pop(worker_id, None)
             self._noted_stuck.discard(worker_id)
@@ -329,7 +332,9 @@ class WorkerSet:
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it
         ('' when it cannot answer: not started yet, stopped, or gone)."""
-        if _proc_state(self.pid(worker_id)) in ("T", "t"):
+        if _proc_state(self.pid(worker_id)) in ("T", "t") or self._sup.status(worker_id) is None:
+            # Stopped, or not yet past the point where it installs its faulthandler (it shares
+            # its crash log before its status page): the signal would kill it, not answer.
             return ""
         before = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
         try:

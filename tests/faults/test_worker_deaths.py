@@ -51,7 +51,7 @@ for epoch in range(3):
     for i, b in enumerate(loader):
         seen.extend(int(x) for x in b[1])
         if i in (2 + epoch, 7 + epoch):  # different samples each time: none looks poisonous
-            victim = loader._iterator._workers[i % 2].pid
+            victim = loader.stats()["workers"][i % 2]["pid"]
             os.kill(victim, signal.SIGKILL)
     assert sorted(seen) == list(range(48)), (epoch, sorted(seen))
 assert len(loader.deaths) == 6, len(loader.deaths)
@@ -165,11 +165,11 @@ def test_persistent_worker_killed_between_epochs(script):
     r = script(SETUP + """
 loader = stoker.DataLoader(Squares(16), batch_size=4, num_workers=2, persistent_workers=True)
 assert labels(list(loader)) == list(range(16))
-os.kill(loader._iterator._workers[0].pid, signal.SIGKILL)
+os.kill(loader.stats()["workers"][0]["pid"], signal.SIGKILL)
 import time; time.sleep(0.2)
 assert labels(list(loader)) == list(range(16))
 it = iter(loader); next(it)                      # break out with work in flight ...
-os.kill(loader._iterator._workers[1].pid, signal.SIGKILL)
+os.kill(loader.stats()["workers"][1]["pid"], signal.SIGKILL)
 assert labels(list(loader)) == list(range(16))   # ... the next epoch still starts
 print("OK")
 """, timeout=60)
