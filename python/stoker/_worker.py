@@ -18,7 +18,7 @@ import random
 import signal
 import sys
 
-from . import _collate, _fdpass, _protocol, _stoker
+from . import _collate, _fdpass, _protocol, _seeding, _stoker
 from ._errors import EngineError, SharedMemoryLimitError
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher  # noqa: F401  (MAP re-exported)
 from ._protocol import (
@@ -147,6 +147,7 @@ def worker_main(
     max_retries: int = 3,
     loader_token: int = 0,
     max_shared_memory: int | None = None,
+    seeder=None,
 ) -> None:
     # Objects inherited from the parent are left alone by this worker's garbage collector: their
     # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
@@ -187,6 +188,8 @@ def worker_main(
     def on_sample(index):
         endpoint.enter(_protocol.STATE_FETCHING, task_box[0], _status_index(index))
         endpoint.add_sample()
+        if seeder is not None:  # seed="per_sample": _seeding.py
+            seeder(index)
 
     def new_fetcher():
         return Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)
@@ -213,6 +216,10 @@ def worker_main(
                 break
             if mtype == MSG_RESUME:
                 ended = False
+                if seeder is not None:  # a new epoch: its number, and the base seed
+                    seeder.epoch = task
+                    base = _seeding.decode_epoch(payload)
+                    seeder.base_seed = seeder.base_seed if base is None else base
                 if init_error is None:
                     try:
                         fetcher = new_fetcher()
