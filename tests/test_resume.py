@@ -8,10 +8,10 @@ import io
 
 import pytest
 import torch
-from resume_datasets import Augmented, as_lists, indices
 
 import stoker
-from stoker._checkpoint import StateMismatchError
+from resume_datasets import Augmented, as_lists, indices
+from stoker import StateMismatchError
 
 N, B = 40, 4  # 10 batches an epoch
 

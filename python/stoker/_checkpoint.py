@@ -26,14 +26,11 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset
 
+from ._errors import StateMismatchError
 from ._fetch import SkippedSample
 
 VERSION = 1
 _KEY = "_stoker_resume"
-
-
-class StateMismatchError(ValueError):
-    """A state saved by a loader that would not give the same samples in the same order."""
 
 
 # -- the record of one epoch ----------------------------------------------------------------------

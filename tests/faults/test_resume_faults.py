@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import torch
-from conftest import HERE
-from resume_datasets import Augmented, as_lists
 
 import stoker
+from conftest import HERE
+from resume_datasets import Augmented, as_lists
 
 SETUP = """
 import os, signal, torch, stoker
