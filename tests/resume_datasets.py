@@ -47,3 +47,15 @@ class FailsAt(Dataset):
         if i in self.bad:
             raise ValueError(f"cannot decode sample {i}: corrupt file")
         return i
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """0..n-1, split among workers by stride (each worker iterates its own copy)."""
+
+    def __init__(self, n=30):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, w = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(k, self.n, w))

@@ -311,3 +311,23 @@ def test_per_sample_seeding_is_the_same_whatever_num_workers_and_keeps_main_rng(
     assert indices(loader) == indices(plain)  # the option changes values, not the order
     with pytest.raises(ValueError, match="per_sample"):
         stoker.DataLoader(Augmented(N), seed="each")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_resumes_by_skipping_with_the_same_num_workers(workers):
+    from resume_datasets import Stream
+
+    def fresh(w=workers):
+        return stoker.DataLoader(Stream(30), batch_size=4, num_workers=w)
+
+    ref = [b.tolist() for b in fresh()]
+    loader = fresh()
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]
+    sd = loader.state_dict()
+    del it
+    resumed = fresh()
+    resumed.load_state_dict(sd)
+    assert got + [b.tolist() for b in resumed] == ref
+    with pytest.raises(StateMismatchError, match="num_workers: saved"):
+        fresh(workers + 1).load_state_dict(sd)

@@ -51,6 +51,7 @@ class EpochRecord:
         self.skip_prefix = 0
         self.skip_extra: frozenset = frozenset()
         self.task_pos: dict[int, int] = {}  # multi-process: task -> sampler position
+        self.discard = 0  # IterableDataset: batches to load and drop before the first one
 
     def mark(self, pos: int) -> None:
         if pos == self.prefix:
@@ -134,10 +135,15 @@ class Cursor:
                     f"sampler.set_epoch({rec.sampler_epoch}) before iterating (or after "
                     "load_state_dict, which sets it), as the saved run did."
                 )
-            rec.prefix = rec.skip_prefix = pending["position"]
-            rec.extra = set(pending["delivered_after"])
-            rec.skip_extra = frozenset(rec.extra)
-            rec.yielded = pending["batches_yielded"]
+            if isinstance(loader.dataset, IterableDataset):
+                # Workers' streams cannot be positioned: the batches already received are
+                # loaded again and dropped (their positions are marked as they go by).
+                rec.discard = pending["position"]
+            else:
+                rec.prefix = rec.skip_prefix = pending["position"]
+                rec.extra = set(pending["delivered_after"])
+                rec.skip_extra = frozenset(rec.extra)
+                rec.yielded = pending["batches_yielded"]
             rec.replay = True
         else:
             rec.generators = _capture_generators(loader)
@@ -164,6 +170,14 @@ class Cursor:
         """One process: the item drawn last reached the user."""
         self.record.mark(self.stream.pos)
         self.record.yielded += 1
+
+    def discarding(self) -> bool:
+        """IterableDataset resumed: True while batches already received must be dropped."""
+        rec = self.record
+        if rec is None or rec.discard <= 0:
+            return False
+        rec.discard -= 1
+        return True
 
     def finished(self) -> None:
         self.record.finished = True
@@ -317,12 +331,18 @@ def fingerprint(loader) -> dict:
         "batch_sampler": _qualname(bs) if bs is not None else "",
         "batches_per_epoch": batches,
         "generators": tuple(path for path, _ in _generators(loader)),
+        # An IterableDataset is split among workers (each iterates its own copy): another
+        # num_workers gives other batches.
+        "num_workers": loader.num_workers if iterable else None,
     }
 
 
 def _check_fingerprint(saved: dict, here: dict) -> None:
     diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
              for k in here if saved.get(k) != here.get(k)]
+    if "num_workers" in (d.split(":")[0] for d in diffs):
+        diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
+                     "depend on num_workers: resume it with the num_workers it was saved with)")
     if diffs:
         raise StateMismatchError(
             "stoker: this state was saved by a loader that orders its samples differently, so "

@@ -444,6 +444,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if self._cursor.superseded() and not self._shutdown:
             # load_state_dict after this iterator began: start over from the loaded state.
             self._reset(self._cursor.loader)
+        while self._cursor.discarding():  # IterableDataset: batches received before the resume
+            self._next_data()
+            self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
         self._stats.yielded_one()

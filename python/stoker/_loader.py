@@ -228,6 +228,8 @@ class _SingleProcessIter(single_process_iterator()):
     def __next__(self):
         if self._cursor.superseded():  # load_state_dict after this iterator began
             self._reset(self._cursor.loader)
+        while self._cursor.discarding():  # IterableDataset: batches received before the resume
+            super().__next__()
         return super().__next__()
 
     def _next_data(self):
