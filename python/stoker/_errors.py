@@ -94,3 +94,8 @@ def _rebuild_hung(message, state):
     exc = WorkerHung(message)
     exc.__dict__.update(state)
     return exc
+
+
+class StateMismatchError(ValueError):
+    """``load_state_dict`` got a state that this loader cannot resume from: another version, or
+    a loader that orders its samples differently (the message names what differs)."""

@@ -28,7 +28,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert
 
-from . import _board, _protocol, _torch_compat, _worker
+from . import _board, _checkpoint, _protocol, _seeding, _torch_compat, _worker
 from ._errors import (
     BatchEncodingError,
     CollateError,
@@ -151,7 +151,13 @@ def _unpicklable_part(dataset) -> str | None:
 
 class MultiProcessIter(_torch_compat.base_iterator()):
     def __init__(self, loader) -> None:
+        kept_rng = _checkpoint.before_iterator(loader)
         super().__init__(loader)
+        # Checkpoint hooks (_checkpoint.py): a pending resume sets the base seed before workers
+        # start; per-sample seeding (_seeding.py) needs the epoch that is about to begin.
+        self._cursor = _checkpoint.attach(loader, self, kept_rng)
+        self._seeder = _seeding.seeder_for(loader, self._base_seed,
+                                           loader._stoker_state.epoch + 1)
         if loader.prefetch_factor <= 0:
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
@@ -199,7 +205,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             # the fork server, not this process (the channel covers us).
             _worker.parent_pid_for(method),
             self._opts["on_error"], self._opts["max_retries"], self._board.token,
-            self._opts["max_shared_memory"], self._shared_seed,
+            self._opts["max_shared_memory"], self._shared_seed, self._seeder,
         )
 
     def _start(self, start) -> None:
@@ -245,6 +251,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _reset(self, loader, first_iter=False) -> None:
         super()._reset(loader, first_iter)
         self._state.epoch += 1
+        self._cursor.start_epoch(self)  # may set _base_seed (a resume adopted mid-way)
+        if self._seeder is not None:  # workers (re)started from now on get this epoch
+            self._seeder.epoch = self._state.epoch
+            self._seeder.base_seed = self._base_seed
         self._stats.new_epoch(self._state.epoch)
         self._recovery.new_epoch()
         self._tasks.reset()
@@ -254,10 +264,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             waiting = self._awaiting_resume
             for w in range(self._num_workers):
                 if self._set.has(w):
-                    # (if it died, the wait below sees it); an IterDataPipe's workers get the
-                    # new epoch's shared seed
-                    seed = b"" if self._shared_seed is None else str(self._shared_seed).encode()
-                    self._set.send(w, MSG_RESUME, 0, 0, seed)
+                    # The new epoch, its base seed (per-sample seeding) and an IterDataPipe's
+                    # shared seed. If it died, the wait below sees it.
+                    self._set.send(w, MSG_RESUME, self._state.epoch, 0,
+                                   _protocol.encode_resume(self._base_seed, self._shared_seed))
                     waiting.add(w)
             while waiting:
                 ev = self._wait()
@@ -282,6 +292,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             return
         index = self._without_quarantined(index)
         task = t.add(worker_id, index)
+        self._cursor.sent(task)
         if index is Dropped:
             t.synthetic.append((task, Dropped()))
             return
@@ -440,6 +451,12 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             # anything else (a late RESUMED) is not a result
 
     def __next__(self):
+        if self._cursor.superseded() and not self._shutdown:
+            # load_state_dict after this iterator began: start over from the loaded state.
+            self._reset(self._cursor.loader)
+        while self._cursor.discarding():  # IterableDataset: batches received before the resume
+            self._next_data()
+            self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
         self._stats.yielded_one()
@@ -457,20 +474,23 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                     del t.info[t.rcvd_idx]
                 t.rcvd_idx += 1
             else:
+                self._cursor.finished()
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
 
             if len(t.info[t.rcvd_idx]) == 2:
-                worker_id, data = t.info.pop(t.rcvd_idx)
+                task = t.rcvd_idx
+                worker_id, data = t.info.pop(task)
                 t.rcvd_idx += 1
-                out = self._process_data(data, worker_id)
+                out = self._process_data(data, worker_id, task)
                 if out is Dropped:
                     continue
                 return out
 
             assert not self._shutdown and t.outstanding > 0
             idx, data = self._get_data()
+            task = idx
             t.received(idx)
             if isinstance(data, End):
                 if self._persistent_workers:
@@ -482,7 +502,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             if idx != t.rcvd_idx:
                 if not self._in_order:
                     worker_id = t.info.pop(idx)[0]
-                    out = self._process_data(data, worker_id)
+                    out = self._process_data(data, worker_id, task)
                     if out is Dropped:
                         continue
                     return out
@@ -490,13 +510,14 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             else:
                 worker_id = t.info.pop(idx)[0]
                 t.rcvd_idx += 1
-                out = self._process_data(data, worker_id)
+                out = self._process_data(data, worker_id, task)
                 if out is Dropped:
                     continue
                 return out
 
-    def _process_data(self, data, worker_id):
+    def _process_data(self, data, worker_id, task):
         self._tasks.done(worker_id)
+        self._cursor.consumed(task)
         self._try_put_index()
         if isinstance(data, Dropped):
             return Dropped

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import torch.utils.data
 
+from . import _checkpoint, _seeding
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
 from ._torch_compat import single_process_iterator
@@ -74,6 +75,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         hang_timeout=None,
         stall_notice=0.5,
         max_shared_memory="auto",
+        seed=None,
     ):
         if on_worker_death not in _DEATH_POLICIES:
             raise ValueError(
@@ -105,6 +107,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             "hang_timeout": hang_timeout,
             "stall_notice": stall_notice,
             "max_shared_memory": max_shared_memory,
+            "seed": _seeding.check(seed),
         }
         self._stoker_state = _LoaderState()
 
@@ -149,27 +152,46 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._iterator = None
         return super().__iter__()
 
+    # -- checkpoint and resume (_checkpoint.py) --------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where this loader is: the epoch, the batches of it the user has received, what
+        regenerates its order, the skipped samples. Callable at any time; a plain dict with a
+        ``version`` (``torch.save`` and ``torch.distributed.checkpoint`` take it)."""
+        return _checkpoint.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Makes the next iteration continue with the first batch the saved loader had not
+        yielded (under any ``num_workers``); raises ``StateMismatchError`` naming what differs
+        when the state comes from a loader that orders samples differently."""
+        _checkpoint.load_state_dict(self, state_dict)
+
     def _get_iterator(self):
         if self.num_workers == 0:
-            if self._stoker_options["on_error"] == "raise":
-                return super()._get_iterator()
             return _SingleProcessIter(self)
         self.check_worker_number_rationality()
         return MultiProcessIter(self)
 
 
 class _PolicyFetcher:
-    """torch's in-process fetcher, with the error policy applied sample by sample."""
+    """torch's in-process fetcher, with the error policy applied sample by sample and, under
+    seed="per_sample", each sample's generators seeded before it is loaded."""
 
-    def __init__(self, loader, iterator):
+    def __init__(self, loader, iterator, seeder=None):
         kind = ITERABLE if isinstance(loader.dataset, torch.utils.data.IterableDataset) else MAP
         opts = loader._stoker_options
         self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
-                               opts["on_error"], opts["max_retries"])
+                               opts["on_error"], opts["max_retries"], seeder)
         self.collate_fn = loader.collate_fn
         self.state = loader._stoker_state
+        self.seeding = seeder is not None
 
     def fetch(self, index):
+        if not self.seeding:
+            return self._fetch(index)
+        with _seeding.KeptGenerators():  # collate draws as in a worker: after the last sample
+            return self._fetch(index)
+
+    def _fetch(self, index):
         try:
             data = self.fetcher.fetch(index)
         finally:
@@ -179,19 +201,52 @@ class _PolicyFetcher:
 
 
 class _SingleProcessIter(single_process_iterator()):
-    """num_workers=0 with on_error="skip" or "retry"."""
+    """num_workers=0: torch's iterator, with the error policy (on_error="skip" or "retry"),
+    per-sample seeding, and the position a checkpoint records."""
 
     def __init__(self, loader):
+        kept = _checkpoint.before_iterator(loader)
         super().__init__(loader)
-        loader._stoker_state.epoch += 1
-        self._dataset_fetcher = _PolicyFetcher(loader, self)
+        self._loader_state = loader._stoker_state
+        self._cursor = _checkpoint.attach(loader, self, kept)
+        self._seeder = _seeding.seeder_for(loader, self._base_seed, 0)
+        if loader._stoker_options["on_error"] != "raise" or self._seeder is not None:
+            self._dataset_fetcher = _PolicyFetcher(loader, self, self._seeder)
+        self._begin_epoch()
+
+    def _begin_epoch(self):
+        self._loader_state.epoch += 1
+        self._cursor.start_epoch(self)
+        if self._seeder is not None:
+            self._seeder.base_seed = self._base_seed
+            self._seeder.epoch = self._loader_state.epoch
+
+    def _reset(self, loader, first_iter=False):
+        super()._reset(loader, first_iter)
+        self._begin_epoch()
+
+    def __next__(self):
+        if self._cursor.superseded():  # load_state_dict after this iterator began
+            self._reset(self._cursor.loader)
+        while self._cursor.discarding():  # IterableDataset: batches received before the resume
+            super().__next__()
+        return super().__next__()
 
     def _next_data(self):
         while True:
             try:
-                return super()._next_data()
+                data = super()._next_data()
             except Dropped:
+                self._cursor.consumed_last()
                 continue
+            except StopIteration:
+                self._cursor.finished()
+                raise
+            except Exception:
+                self._cursor.consumed_last()  # the user got this batch's error
+                raise
+            self._cursor.consumed_last()
+            return data
 
 
 def _shared_memory_cap(value):

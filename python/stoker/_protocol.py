@@ -54,6 +54,15 @@ def decode_index(fmt: int, payload: bytes):
     return pickle.loads(payload)
 
 
+def encode_resume(base_seed: int, shared_seed: int | None) -> bytes:
+    """What a new epoch's RESUME tells persistent workers (its number travels as the task)."""
+    return pickle.dumps((base_seed, shared_seed))
+
+
+def decode_resume(payload: bytes) -> tuple[int, int | None]:
+    return pickle.loads(payload)
+
+
 def encode_error(exc: BaseException, worker_id: int, index) -> bytes:
     """A picklable report of an exception raised in a worker (type kept when picklable).
 

@@ -148,6 +148,7 @@ def worker_main(
     loader_token: int = 0,
     max_shared_memory: int | None = None,
     shared_seed: int | None = None,
+    seeder=None,
 ) -> None:
     # Objects inherited from the parent are left alone by this worker's garbage collector: their
     # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
@@ -200,6 +201,8 @@ def worker_main(
         endpoint.enter(_protocol.STATE_FETCHING, task_box[0], _status_index(index),
                        -1 if position is None else position)
         endpoint.add_sample()
+        if seeder is not None:  # seed="per_sample": _seeding.py
+            seeder(index)
 
     def new_fetcher():
         return Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)
@@ -226,10 +229,14 @@ def worker_main(
                 break
             if mtype == MSG_RESUME:
                 ended = False
-                if payload:  # the new epoch's shared seed of an IterDataPipe
+                base_seed, shared = _protocol.decode_resume(payload)
+                if shared is not None:  # an IterDataPipe: the new epoch's shuffle order
                     from ._torch_compat import with_shared_seed
 
-                    dataset = with_shared_seed(dataset, int(payload))
+                    dataset = with_shared_seed(dataset, shared)
+                if seeder is not None:  # per-sample seeding: the new epoch and base seed
+                    seeder.epoch = task
+                    seeder.base_seed = base_seed
                 if init_error is None:
                     try:
                         fetcher = new_fetcher()

@@ -1,0 +1,403 @@
+"""Checkpoint and resume: ``loader.state_dict()`` and ``loader.load_state_dict(state)``.
+
+A state names the epoch under way, which of its sampler positions the user has received (a
+prefix, plus the few beyond it that ``in_order=False`` delivered early), and what regenerates the
+epoch's sampler order: torch's global RNG state at the sampler's first draw (``RandomSampler``
+without a generator draws its seed there), the states of the loader's generators as the epoch
+began, the iterator's base seed, and the sampler's epoch (``set_epoch``). It also carries the
+skipped and quarantined samples.
+
+Resuming replays the sampler of that epoch under the saved RNG states and skips the positions
+already delivered, without loading them: batches that were prefetched but not yielded are
+simply loaded again, and the order of the rest of the epoch, and of the epochs after it, is the
+uninterrupted run's. Positions count what the sampler yields (batches of indices), not workers'
+work, so a state resumes under any ``num_workers``, 0 included.
+
+The state is a plain dict of ints, strings, bytes, tuples and dicts with a fixed set of keys
+(``torch.save`` and ``torch.distributed.checkpoint`` both take it), with a ``version``.
+
+Thread contract: called by the thread that iterates the loader (as torch's iterators are).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils.data import IterableDataset
+
+from ._errors import StateMismatchError
+from ._fetch import SkippedSample
+
+VERSION = 1
+_KEY = "_stoker_resume"
+
+
+# -- the record of one epoch ----------------------------------------------------------------------
+class EpochRecord:
+    """One epoch of one iterator: what regenerates its order and which positions were delivered."""
+
+    def __init__(self, epoch: int, base_seed: int):
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self.torch_rng: bytes | None = None  # torch's global RNG at the sampler's first draw
+        self.generators: tuple = ()  # the loader's generators as the epoch began
+        self.sampler_epoch = None
+        self.prefix = 0  # positions [0, prefix) delivered
+        self.extra: set[int] = set()  # positions beyond the prefix delivered (in_order=False)
+        self.yielded = 0  # batches the user received this epoch (informative)
+        self.finished = False  # the iterator said StopIteration
+        self.replay = False  # resuming: the first draw happens under torch_rng
+        self.skip_prefix = 0
+        self.skip_extra: frozenset = frozenset()
+        self.task_pos: dict[int, int] = {}  # multi-process: task -> sampler position
+        self.discard = 0  # IterableDataset: batches to load and drop before the first one
+
+    def mark(self, pos: int) -> None:
+        if pos == self.prefix:
+            self.prefix += 1
+            while self.prefix in self.extra:
+                self.extra.discard(self.prefix)
+                self.prefix += 1
+        elif pos > self.prefix:
+            self.extra.add(pos)
+
+
+class SamplerStream:
+    """The epoch's sampler iterator, counted: ``pos`` is the position of the last item drawn.
+    Positions already delivered before a resume are drawn and dropped (never loaded). The first
+    draw records torch's global RNG state, or, when resuming, happens under the saved one and
+    leaves the caller's global RNG as it was."""
+
+    def __init__(self, inner, record: EpochRecord):
+        self.inner = inner
+        self.record = record
+        self.pos = -1
+        self._first = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        rec = self.record
+        if self._first:
+            self._first = False
+            if rec.replay and rec.torch_rng is not None:
+                mine = torch.get_rng_state()
+                torch.set_rng_state(_tensor(rec.torch_rng))
+                try:
+                    return self._draw()
+                finally:
+                    torch.set_rng_state(mine)
+            rec.torch_rng = _bytes(torch.get_rng_state())
+        return self._draw()
+
+    def _draw(self):
+        rec = self.record
+        while True:
+            item = next(self.inner)
+            self.pos += 1
+            if self.pos >= rec.skip_prefix and self.pos not in rec.skip_extra:
+                return item
+
+
+class Cursor:
+    """What an iterator holds: its loader (weakly) and the record of the epoch it serves."""
+
+    def __init__(self, loader):
+        self._loader = weakref.ref(loader)
+        self.record: EpochRecord | None = None
+        self.stream: SamplerStream | None = None
+
+    @property
+    def loader(self):
+        return self._loader()
+
+    def start_epoch(self, it) -> None:
+        """Called as `it` begins an epoch (its ``_sampler_iter`` is new, the loader's epoch
+        counter already advanced): applies a pending resume or records the epoch's start."""
+        loader = self.loader
+        tr = tracker(loader)
+        pending, tr.pending = tr.pending, None
+        rec = EpochRecord(loader._stoker_state.epoch, it._base_seed)
+        if pending is not None:
+            rec.base_seed = it._base_seed = pending["base_seed"]
+            rec.torch_rng = pending["torch_rng"]
+            rec.generators = pending["generators"]
+            _set_generators(loader, rec.generators)
+            rec.sampler_epoch = pending["sampler_epoch"]
+            now = _sampler_epoch(loader)
+            if now != rec.sampler_epoch:
+                raise StateMismatchError(
+                    f"stoker: the checkpoint was saved in the middle of an epoch whose sampler "
+                    f"had set_epoch({rec.sampler_epoch}), but the sampler is now at epoch {now}: "
+                    "the rest of that epoch would come from another order. Call "
+                    f"sampler.set_epoch({rec.sampler_epoch}) before iterating (or after "
+                    "load_state_dict, which sets it), as the saved run did."
+                )
+            if isinstance(loader.dataset, IterableDataset):
+                # Workers' streams cannot be positioned: the batches already received are
+                # loaded again and dropped (their positions are marked as they go by).
+                rec.discard = pending["position"]
+            else:
+                rec.prefix = rec.skip_prefix = pending["position"]
+                rec.extra = set(pending["delivered_after"])
+                rec.skip_extra = frozenset(rec.extra)
+                rec.yielded = pending["batches_yielded"]
+            rec.replay = True
+        else:
+            rec.generators = _capture_generators(loader)
+            rec.sampler_epoch = _sampler_epoch(loader)
+        self.record = rec
+        self.stream = SamplerStream(it._sampler_iter, rec)
+        it._sampler_iter = self.stream
+        tr.current = rec
+
+    # -- progress ------------------------------------------------------------------------------
+    def sent(self, task: int) -> None:
+        """Multi-process: `task` carries the item the stream drew last."""
+        self.record.task_pos[task] = self.stream.pos
+
+    def consumed(self, task: int) -> None:
+        """Multi-process: the outcome of `task` reached the user (a batch, an error, or
+        nothing when all its samples were skipped)."""
+        pos = self.record.task_pos.pop(task, None)
+        if pos is not None:
+            self.record.mark(pos)
+            self.record.yielded += 1
+
+    def consumed_last(self) -> None:
+        """One process: the item drawn last reached the user."""
+        self.record.mark(self.stream.pos)
+        self.record.yielded += 1
+
+    def discarding(self) -> bool:
+        """IterableDataset resumed: True while batches already received must be dropped."""
+        rec = self.record
+        if rec is None or rec.discard <= 0:
+            return False
+        rec.discard -= 1
+        return True
+
+    def finished(self) -> None:
+        self.record.finished = True
+
+    def superseded(self) -> bool:
+        """True when ``load_state_dict`` ran after this iterator began and no iterator has taken
+        the state yet: this iterator must start over from it (``iter()`` before
+        ``load_state_dict``)."""
+        loader = self.loader
+        return loader is not None and tracker(loader).pending is not None
+
+
+class Tracker:
+    """Per loader: the epoch under way (``current``), and a loaded mid-epoch state that the
+    next epoch to begin resumes (``pending``). Pickles with the loader (no live references)."""
+
+    def __init__(self):
+        self.current: EpochRecord | None = None
+        self.pending: dict | None = None
+
+
+def tracker(loader) -> Tracker:
+    tr = loader.__dict__.get(_KEY)
+    if tr is None:
+        tr = Tracker()
+        loader.__dict__[_KEY] = tr
+    return tr
+
+
+# -- iterator hooks -------------------------------------------------------------------------------
+def before_iterator(loader):
+    """Called before an iterator's base ``__init__`` draws its base seed: when a resume is
+    pending, the caller's global RNG is kept so that the draw leaves it untouched (the saved run
+    drew it before the checkpoint)."""
+    if tracker(loader).pending is None:
+        return None
+    return torch.get_rng_state()
+
+
+def attach(loader, it, kept_rng) -> Cursor:
+    """Called after the base ``__init__``, before workers start: a pending resume sets the base
+    seed the saved epoch had (so workers and per-sample seeds match it)."""
+    pending = tracker(loader).pending
+    if kept_rng is not None:
+        torch.set_rng_state(kept_rng)
+    if pending is not None:
+        it._base_seed = pending["base_seed"]
+    return Cursor(loader)
+
+
+# -- state_dict / load_state_dict ----------------------------------------------------------------
+def state_dict(loader) -> dict:
+    tr = tracker(loader)
+    st = loader._stoker_state
+    sd = {
+        "version": VERSION,
+        "loader": fingerprint(loader),
+        "epoch": st.epoch,
+        "finished": True,
+        "position": 0,
+        "delivered_after": (),
+        "batches_yielded": 0,
+        "base_seed": 0,
+        "torch_rng": None,
+        "generators": (),
+        "generators_now": _capture_generators(loader),
+        "sampler_epoch": None,
+        "seed": loader._stoker_options.get("seed"),
+        "skipped": tuple((s.index, s.reason, s.epoch) for s in st.skipped),
+        "quarantined": tuple(sorted(st.quarantined, key=repr)),
+    }
+    if tr.pending is not None:  # loaded, not iterated yet: the same state again
+        for k in ("epoch", "finished", "position", "delivered_after", "batches_yielded",
+                  "base_seed", "torch_rng", "generators", "sampler_epoch"):
+            sd[k] = tr.pending[k]
+        return sd
+    rec = tr.current
+    if rec is None or rec.epoch != st.epoch:
+        return sd  # no epoch begun in this process (or since a finished state was loaded)
+    sd.update({
+        "epoch": rec.epoch,
+        "finished": rec.finished,
+        "position": rec.prefix,
+        "delivered_after": tuple(sorted(rec.extra)),
+        "batches_yielded": rec.yielded,
+        "base_seed": rec.base_seed,
+        "torch_rng": rec.torch_rng,
+        "generators": rec.generators,
+        "sampler_epoch": rec.sampler_epoch,
+    })
+    return sd
+
+
+def load_state_dict(loader, sd) -> None:
+    if not isinstance(sd, dict) or "version" not in sd:
+        raise StateMismatchError(
+            f"stoker: load_state_dict expects a dict made by stoker.DataLoader.state_dict(), got "
+            f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
+        )
+    if sd["version"] != VERSION:
+        raise StateMismatchError(
+            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
+            f"{VERSION}. Resume with the stoker release that saved it."
+        )
+    _check_fingerprint(sd["loader"], fingerprint(loader))
+    tr = tracker(loader)
+    st = loader._stoker_state
+    from ._recovery import key
+
+    st.skipped = [SkippedSample(i, r, e) for i, r, e in sd["skipped"]]
+    st.logged = {key(s.index) for s in st.skipped}
+    st.quarantined = set(sd["quarantined"])
+    tr.current = None
+    if sd["finished"]:
+        # The next iter() begins the next epoch, with the generators where the saved run had them.
+        tr.pending = None
+        st.epoch = sd["epoch"]
+        _set_generators(loader, sd["generators_now"])
+        return
+    st.epoch = sd["epoch"] - 1  # the epoch that begins next is the saved one
+    tr.pending = {k: sd[k] for k in ("epoch", "finished", "position", "delivered_after",
+                                     "batches_yielded", "base_seed", "torch_rng", "generators",
+                                     "sampler_epoch")}
+    if sd["sampler_epoch"] is not None:
+        s = _epoch_sampler(loader)
+        if s is not None:
+            s.set_epoch(sd["sampler_epoch"])
+
+
+# -- what must match ------------------------------------------------------------------------------
+def fingerprint(loader) -> dict:
+    """What decides which indices each batch holds: a state resumes only on a loader that
+    agrees on all of it."""
+    ds = loader.dataset
+    iterable = isinstance(ds, IterableDataset)
+    try:
+        length = None if iterable else len(ds)
+    except TypeError:
+        length = None
+    try:
+        batches = None if iterable else len(loader)
+    except TypeError:
+        batches = None
+    bs = loader.batch_sampler
+    return {
+        "dataset_kind": "iterable" if iterable else "map",
+        "dataset_length": length,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "sampler": _qualname(loader.sampler),
+        "batch_sampler": _qualname(bs) if bs is not None else "",
+        "batches_per_epoch": batches,
+        "generators": tuple(path for path, _ in _generators(loader)),
+        # An IterableDataset is split among workers (each iterates its own copy): another
+        # num_workers gives other batches.
+        "num_workers": loader.num_workers if iterable else None,
+    }
+
+
+def _check_fingerprint(saved: dict, here: dict) -> None:
+    diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
+             for k in here if saved.get(k) != here.get(k)]
+    if "num_workers" in (d.split(":")[0] for d in diffs):
+        diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
+                     "depend on num_workers: resume it with the num_workers it was saved with)")
+    if diffs:
+        raise StateMismatchError(
+            "stoker: this state was saved by a loader that orders its samples differently, so "
+            "resuming from it would repeat or lose samples. What differs:\n  - "
+            + "\n  - ".join(diffs)
+            + "\nBuild the loader as the saved run did (dataset, batch_size, drop_last, sampler, "
+            "generator), or start afresh without load_state_dict."
+        )
+
+
+def _qualname(obj) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+# -- RNG states -----------------------------------------------------------------------------------
+def _bytes(state: torch.Tensor) -> bytes:
+    return state.numpy().tobytes()
+
+
+def _tensor(b: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+
+def _generators(loader) -> list:
+    """(path, torch.Generator) for each distinct generator the loader's order depends on."""
+    out, seen = [], set()
+    bs = loader.batch_sampler
+    for path, owner in (("generator", loader), ("sampler", loader.sampler),
+                        ("batch_sampler", bs), ("batch_sampler.sampler", getattr(bs, "sampler",
+                                                                                  None))):
+        g = getattr(owner, "generator", None) if owner is not None else None
+        if isinstance(g, torch.Generator) and id(g) not in seen:
+            seen.add(id(g))
+            out.append((path, g))
+    return out
+
+
+def _capture_generators(loader) -> tuple:
+    return tuple(_bytes(g.get_state()) for _, g in _generators(loader))
+
+
+def _set_generators(loader, states) -> None:
+    for (_, g), s in zip(_generators(loader), states):
+        g.set_state(_tensor(s))
+
+
+def _epoch_sampler(loader):
+    bs = loader.batch_sampler
+    for s in (getattr(bs, "sampler", None), bs, loader.sampler):
+        if s is not None and hasattr(s, "set_epoch"):
+            return s
+    return None
+
+
+def _sampler_epoch(loader):
+    s = _epoch_sampler(loader)
+    return getattr(s, "epoch", None) if s is not None else None
