@@ -102,8 +102,10 @@ def announce(loader, iterator) -> None:
 
 
 def _describe(opts: dict) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in opts.items() if _options.DEFAULTS.get(k) != v) \
-        or "default options"
+    shown = {k: v for k, v in opts.items() if _options.DEFAULTS.get(k) != v}
+    if shown.get("max_shared_memory", 0) is None:  # "auto" without a cgroup limit
+        del shown["max_shared_memory"]
+    return ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "default options"
 
 
 # -- the patches ---------------------------------------------------------------------------------
