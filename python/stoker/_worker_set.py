@@ -327,6 +327,10 @@ class WorkerSet:
         ('' when it cannot answer: not started yet, stopped, or gone)."""
         if _proc_state(self.pid(worker_id)) in ("T", "t"):
             return ""
+        st = self._sup.status(worker_id)
+        if st is None or st["state"] == "starting":
+            # Its faulthandler may not be installed yet, and DUMP_SIGNAL's default kills.
+            return ""
         before = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
         try:
             self._sup.signal(worker_id, _worker.DUMP_SIGNAL)
