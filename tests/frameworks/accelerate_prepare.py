@@ -9,9 +9,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from framework_data import Probe, report  # noqa: E402
 
 import stoker  # noqa: E402
+from framework_data import Probe, report  # noqa: E402
 
 KIND, REPORT = sys.argv[1:3]
 

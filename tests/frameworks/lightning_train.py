@@ -9,9 +9,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
-from framework_data import Probe, report  # noqa: E402
 
 import stoker  # noqa: E402
+from framework_data import Probe, report  # noqa: E402
 
 KIND, STRATEGY, WHERE, REPORT = sys.argv[1:5]
 
