@@ -265,3 +265,38 @@ def _child_served(q):
         return
     dl = DataLoader(Squares(), batch_size=2, num_workers=1)
     q.put((sum(len(b) for b in dl), stoker.stats(dl)["served_by"]))
+
+
+class LocksInWorkers(torch.utils.data.Dataset):
+    """Each worker creates a multiprocessing lock (as a tqdm bar does): a semaphore the resource
+    tracker watches until the worker's exit cleanup unregisters it."""
+
+    locks: list = []
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if not self.locks:
+            import multiprocessing
+
+            self.locks.append(multiprocessing.get_context("spawn").Lock())
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_exit_with_a_live_spawn_iterator_leaks_no_semaphore(script, persistent):
+    r = script(f"""
+import stoker
+from test_enable import LocksInWorkers
+if __name__ == "__main__":
+    dl = stoker.DataLoader(LocksInWorkers(), batch_size=2, num_workers=2,
+                           multiprocessing_context="spawn", persistent_workers={persistent})
+    it = iter(dl)
+    next(it)
+    next(it)
+    print("EXITING", flush=True)  # with the iterator and its workers alive
+""", timeout=120)
+    assert "EXITING" in r.stdout, r.stdout + r.stderr
+    assert "leaked semaphore" not in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr

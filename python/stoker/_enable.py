@@ -88,8 +88,12 @@ def state_and_options(loader):
 
 
 def announce(loader, iterator) -> None:
-    """Records who serves `loader` (``stats()['served_by']``) and logs it at its first
-    multi-process iterator."""
+    """A multi-process iterator of `loader` has started: records who serves the loader
+    (``stats()['served_by']``), logs it at its first iterator, and has the iterator's workers
+    stopped cleanly at interpreter exit (``_exit``)."""
+    from . import _exit
+
+    _exit.track(iterator)
     state = _options.state_of(loader)
     first = state.served_by is None
     state.served_by = "stoker.DataLoader" if is_stoker_loader(loader) else "stoker.enable()"

@@ -161,8 +161,13 @@ def worker_main(
         share = max(1, max_shared_memory // max(1, num_workers))
         endpoint.set_shared_memory_limit(share, SHARED_MEMORY_PATIENCE_S)
     endpoint.arm_guard(parent_pid)
-    endpoint.open_status(loader_token)
-    _share_logs(endpoint)
+    try:
+        endpoint.open_status(loader_token)
+        _share_logs(endpoint)
+    except EngineError:
+        if not _main_gone(fd):
+            raise
+        return  # the iterator ended (shut down at exit, an epoch dropped) while we started
 
     if "torch" in sys.modules or collate_mode != MODE_AS_IS:
         try:
