@@ -8,6 +8,9 @@ CPPBUILD := build/cpp
 JOBS     ?= 2
 
 PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
+# The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
+FW_REQS  := tests/requirements-frameworks.txt
+FW_DEPS  := $(VENV)/.frameworks-stamp
 
 .PHONY: all demo test test-cpp test-py bench torch-suite lint format fuzz sanitize stubs install sysdeps clean
 
@@ -25,6 +28,10 @@ sysdeps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev; \
 	fi
 
+$(FW_DEPS): $(DEPS) $(FW_REQS)
+	$(VPY) -m pip install -q -r $(FW_REQS) torch==2.13.0
+	touch $@
+
 install: $(DEPS)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps .
 
@@ -35,7 +42,7 @@ test-cpp: $(DEPS) sysdeps
 	$(VENV)/bin/cmake --build $(CPPBUILD) -j $(JOBS)
 	cd $(CPPBUILD) && ../../$(VENV)/bin/ctest --output-on-failure -j $(JOBS)
 
-test-py: install
+test-py: install $(FW_DEPS)
 	$(VPY) -m pytest -q tests
 
 demo: install

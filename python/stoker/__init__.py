@@ -3,9 +3,14 @@
     import stoker
     loader = stoker.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=8)
 
+or, for loaders a framework builds (Lightning, accelerate, the transformers Trainer, timm, ...):
+
+    stoker.enable(on_error="skip")   # every torch DataLoader in the process, from now on
+
 ``stoker.DataLoader`` takes torch's arguments and yields the same batches, of the same types.
 The engine itself (``stoker._stoker``), ``SharedList`` and the ``stoker`` command's ``doctor``
-work without torch; ``DataLoader`` needs torch and is imported on first use.
+work without torch. Where torch is installed, ``DataLoader`` is imported with the package, so it
+exists before any framework looks for DataLoader subclasses.
 """
 
 from ._errors import (
@@ -26,6 +31,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchEncodingError",
+    "disable",
+    "enable",
+    "stats",
     "CollateError",
     "CorruptBatchError",
     "DataLoader",
@@ -40,17 +48,56 @@ __all__ = [
 ]
 
 
+def enable(**options) -> None:
+    """Every ``torch.utils.data.DataLoader`` in this process (any subclass, created before or
+    after the call) runs its multi-process iterations on stoker's engine, with `options`
+    (``on_error``, ``max_retries``, ``on_worker_death``, ``hang_timeout``, ...) as defaults.
+    ``num_workers=0`` stays torch's. Undone by ``disable()``. ``stoker run script.py`` does this
+    for a script, unchanged."""
+    from ._enable import enable as _enable
+
+    _enable(**options)
+
+
+def disable() -> None:
+    """Undoes ``enable()``."""
+    from ._enable import disable as _disable
+
+    _disable()
+
+
+def stats(loader) -> dict:
+    """``stats()`` of any DataLoader stoker served (a torch one under ``enable()`` too): workers,
+    batches, data stall, deaths, skips, and ``served_by``."""
+    from ._state import stats_of
+
+    return stats_of(loader)
+
+
+def _import_loader():
+    try:
+        from ._loader import DataLoader
+    except ImportError as e:
+        if "torch" not in str(e):
+            raise
+        raise ImportError(
+            "stoker.DataLoader is a drop-in torch.utils.data.DataLoader and needs PyTorch: "
+            "pip install torch. (stoker.SharedList and the engine work without it.)"
+        ) from e
+    return DataLoader
+
+
 def __getattr__(name):
     if name == "DataLoader":
-        try:
-            from ._loader import DataLoader
-        except ImportError as e:
-            if "torch" not in str(e):
-                raise
-            raise ImportError(
-                "stoker.DataLoader is a drop-in torch.utils.data.DataLoader and needs PyTorch: "
-                "pip install torch. (stoker.SharedList and the engine work without it.)"
-            ) from e
+        DataLoader = _import_loader()
         globals()["DataLoader"] = DataLoader
         return DataLoader
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+
+
+# Eagerly where torch is installed: Lightning wraps the __init__ of every DataLoader subclass that
+# exists when it starts, so stoker.DataLoader must exist by then.
+try:
+    DataLoader = _import_loader()
+except ImportError:
+    pass

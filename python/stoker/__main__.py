@@ -1,4 +1,4 @@
-"""The ``stoker`` command: ``stoker bench``, ``stoker top``, ``stoker doctor``."""
+"""The ``stoker`` command: ``stoker run``, ``stoker bench``, ``stoker top``, ``stoker doctor``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"bench": "stoker.bench.cli", "top": "stoker.top", "doctor": "stoker.doctor"}
+    commands = {"run": "stoker._run", "bench": "stoker.bench.cli", "top": "stoker.top", "doctor": "stoker.doctor"}
     if not argv or argv[0] not in commands:
         print("usage: stoker {" + ",".join(commands) + "} [options]  (stoker COMMAND --help)",
               file=sys.stderr)

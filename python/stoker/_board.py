@@ -36,9 +36,12 @@ NO_INDEX = _stoker.NO_INDEX
 class Board:
     """Written by the main process only."""
 
-    def __init__(self, num_workers: int):
+    def __init__(self, num_workers: int, label: str = ""):
+        """`label` (who serves the loader, e.g. "stoker.enable() DataLoaderShard") follows the
+        name of the memfd, where ``stoker top`` reads it."""
         self.token = secrets.randbits(62)
-        self.fd = os.memfd_create(BOARD_NAME, os.MFD_CLOEXEC)
+        name = f"{BOARD_NAME}:{label}"[:200] if label else BOARD_NAME
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, mmap.PAGESIZE)
         self.v = _stoker.map_shared(self.fd, len(FIELDS))
         self.v[:] = 0

@@ -28,7 +28,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert
 
-from . import _board, _checkpoint, _protocol, _seeding, _torch_compat, _worker
+from . import _board, _checkpoint, _enable, _protocol, _seeding, _torch_compat, _worker
 from ._errors import (
     BatchEncodingError,
     CollateError,
@@ -170,12 +170,11 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 self._worker_init_fn, self._world_size, self._rank)
         self._collate_mode = _collate_mode(loader)
         self._kind = _worker.ITERABLE if isinstance(self._dataset, IterableDataset) else _worker.MAP
-        self._state = loader._stoker_state
-        self._opts = loader._stoker_options
+        self._state, self._opts = _enable.state_and_options(loader)
         self._shutdown = False
         self._shutdown_lock = threading.Lock()
         n = self._num_workers
-        self._board = _board.Board(n)
+        self._board = _board.Board(n, _enable.served_by(loader))
         ctx = _context(loader)
         self._set = WorkerSet(ctx, n, self._worker_args(ctx.get_start_method()), self._board)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
@@ -192,6 +191,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             raise
         # Only a complete iterator is visible to stats() (from any thread).
         self._state.iterator = weakref.ref(self)
+        _enable.announce(loader, self)  # stats(), stoker top and one log line name the server
 
     # -- workers -------------------------------------------------------------------------------
     def _worker_args(self, method: str) -> tuple:

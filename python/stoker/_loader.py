@@ -8,42 +8,18 @@ stoker's supervised multi-process iterator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch.utils.data
 
-from . import _checkpoint, _seeding
+from . import _checkpoint, _options, _seeding
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
+from ._options import options_of, state_of
+from ._state import stats_of
 from ._torch_compat import single_process_iterator
 
 T_co = TypeVar("T_co", covariant=True)
-
-_DEATH_POLICIES = ("restart", "raise")
-_ERROR_POLICIES = ("raise", "skip", "retry")
-
-
-@dataclass
-class _LoaderState:
-    """What a loader remembers across iterators and epochs."""
-
-    epoch: int = 0
-    skipped: list = field(default_factory=list)      # SkippedSample records
-    deaths: list = field(default_factory=list)       # _deaths.Death records
-    death_counts: dict = field(default_factory=dict)  # dataset index -> deaths while loading it
-    quarantined: set = field(default_factory=set)
-    iterator: object = None  # weakref to the latest multi-process iterator
-    logged: set = field(default_factory=set)  # indices whose skip was logged already
-
-    def record_skip(self, rec: SkippedSample) -> None:
-        """Keeps the record; logs each index once, however many epochs skip it."""
-        from ._recovery import key, log
-
-        self.skipped.append(rec)
-        if key(rec.index) not in self.logged:
-            self.logged.add(key(rec.index))
-            log.warning("stoker: skipped dataset index %r: %s", rec.index, rec.reason)
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co]):
@@ -77,39 +53,49 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         max_shared_memory="auto",
         seed=None,
     ):
-        if on_worker_death not in _DEATH_POLICIES:
-            raise ValueError(
-                f"on_worker_death must be one of {_DEATH_POLICIES}, got {on_worker_death!r}"
-            )
-        if on_error not in _ERROR_POLICIES:
-            raise ValueError(f"on_error must be one of {_ERROR_POLICIES}, got {on_error!r}")
-        if max_restarts is not None and (not isinstance(max_restarts, int) or max_restarts < 0):
-            raise ValueError(f"max_restarts must be None or an int >= 0, got {max_restarts!r}")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
-        if not isinstance(quarantine_after, int) or quarantine_after < 1:
-            raise ValueError(f"quarantine_after must be an int >= 1, got {quarantine_after!r}")
-        max_shared_memory = _shared_memory_cap(max_shared_memory)
-        if hang_timeout is not None and not hang_timeout > 0:
-            raise ValueError(f"hang_timeout must be None or > 0 seconds, got {hang_timeout!r}")
+        options = _options.check({
+            "on_worker_death": on_worker_death, "max_restarts": max_restarts,
+            "on_error": on_error, "max_retries": max_retries,
+            "quarantine_after": quarantine_after, "hang_timeout": hang_timeout,
+            "stall_notice": stall_notice, "max_shared_memory": max_shared_memory,
+            "seed": seed,
+        })
+        # Keywords only: a framework that wraps DataLoader.__init__ (Lightning records the
+        # arguments to re-create loaders) sees each argument under its name.
         super().__init__(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
-            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order,
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+            batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+            pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+            in_order=in_order,
         )
-        self._stoker_options = {
-            "on_worker_death": on_worker_death,
-            "max_restarts": max_restarts,
-            "on_error": on_error,
-            "max_retries": max_retries,
-            "quarantine_after": quarantine_after,
-            "hang_timeout": hang_timeout,
-            "stall_notice": stall_notice,
-            "max_shared_memory": max_shared_memory,
-            "seed": _seeding.check(seed),
-        }
-        self._stoker_state = _LoaderState()
+        # Public attributes named like the arguments: frameworks that re-create a loader from
+        # its attributes (Lightning, for a DistributedSampler) pass them back.
+        for name, value in options.items():
+            setattr(self, name, value)
+        state_of(self)
+
+    @property
+    def _stoker_options(self) -> dict:
+        """The options an iterator runs with now (max_shared_memory resolved)."""
+        return options_of(self)
+
+    @property
+    def _stoker_state(self):
+        return state_of(self)
+
+    def __getstate__(self):
+        # Pickles and copies at any time: a live iterator (persistent workers) stays with this
+        # loader, and the copy gets its own records.
+        d = dict(self.__dict__)
+        d["_iterator"] = None
+        d["_stoker_state"] = state_of(self).copy()
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
 
     @property
     def skipped(self) -> list[SkippedSample]:
@@ -127,23 +113,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         index being loaded, samples, batches, restarts, seconds in __getitem__ / collate /
         encode / idle, RSS) and for the loader (batches yielded, seconds the loop waited for
         data and that share of its time, the data stall; slots and bytes mapped, held by the
-        user and waiting; deaths with their causes; skipped and quarantined samples)."""
-        st = self._stoker_state
-        it = st.iterator() if st.iterator is not None else None
-        live = it.stats() if it is not None and not it._shutdown else {
-            "workers": [], "batches_yielded": 0, "seconds_waiting_for_data": 0.0,
-            "data_stall": 0.0, "memory": {}}
-        live.update({
-            "epoch": st.epoch,
-            "num_workers": self.num_workers,
-            "deaths": [{"worker_id": d.worker_id, "pid": d.pid, "signal": d.signal,
-                        "exit_code": d.exit_code, "cause": d.cause, "index": _jsonable(d.index),
-                        "epoch": d.epoch} for d in st.deaths],
-            "skipped": [{"index": _jsonable(s.index), "reason": s.reason, "epoch": s.epoch}
-                        for s in st.skipped],
-            "quarantined": sorted((_jsonable(q) for q in st.quarantined), key=repr),
-        })
-        return live
+        user and waiting; deaths with their causes; skipped and quarantined samples; which loader
+        class and who served it: ``served_by`` is "stoker.DataLoader" or "stoker.enable()")."""
+        return stats_of(self)
 
     def __iter__(self):
         # A persistent iterator that a worker's failure shut down cannot resume: start afresh.
@@ -178,11 +150,11 @@ class _PolicyFetcher:
 
     def __init__(self, loader, iterator, seeder=None):
         kind = ITERABLE if isinstance(loader.dataset, torch.utils.data.IterableDataset) else MAP
-        opts = loader._stoker_options
+        opts = options_of(loader)
         self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
                                opts["on_error"], opts["max_retries"], seeder)
         self.collate_fn = loader.collate_fn
-        self.state = loader._stoker_state
+        self.state = state_of(loader)
         self.seeding = seeder is not None
 
     def fetch(self, index):
@@ -207,10 +179,10 @@ class _SingleProcessIter(single_process_iterator()):
     def __init__(self, loader):
         kept = _checkpoint.before_iterator(loader)
         super().__init__(loader)
-        self._loader_state = loader._stoker_state
+        self._loader_state = state_of(loader)
         self._cursor = _checkpoint.attach(loader, self, kept)
         self._seeder = _seeding.seeder_for(loader, self._base_seed, 0)
-        if loader._stoker_options["on_error"] != "raise" or self._seeder is not None:
+        if options_of(loader)["on_error"] != "raise" or self._seeder is not None:
             self._dataset_fetcher = _PolicyFetcher(loader, self, self._seeder)
         self._begin_epoch()
 
@@ -250,19 +222,4 @@ class _SingleProcessIter(single_process_iterator()):
 
 
 def _shared_memory_cap(value):
-    """max_shared_memory: bytes (int > 0), None (no cap), or "auto" (half the cgroup's memory
-    limit; no cap without one)."""
-    if value == "auto":
-        from ._cgroup import default_shared_memory_cap
-
-        return default_shared_memory_cap()
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        return value
-    raise ValueError(
-        f"max_shared_memory must be an int number of bytes > 0, None (no cap) or 'auto', "
-        f"got {value!r}"
-    )
-
-
-def _jsonable(x):
-    return x if isinstance(x, (int, float, str, bool)) or x is None else repr(x)
+    return _options.shared_memory_cap(value)

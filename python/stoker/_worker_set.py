@@ -336,6 +336,10 @@ class WorkerSet:
             # Stopped, or not yet past the point where it installs its faulthandler (it shares
             # its crash log before its status page): the signal would kill it, not answer.
             return ""
+        st = self._sup.status(worker_id)
+        if st is None or st["state"] == "starting":
+            # Its faulthandler may not be installed yet, and DUMP_SIGNAL's default kills.
+            return ""
         before = self._sup.read_log(worker_id, _protocol.LOG_CRASH, 1 << 20)
         try:
             self._sup.signal(worker_id, _worker.DUMP_SIGNAL)

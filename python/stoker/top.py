@@ -75,7 +75,7 @@ def snapshot() -> list[dict]:
             except OSError:
                 continue
             if target.startswith(f"/memfd:{BOARD_NAME}"):
-                boards.append(fd)
+                boards.append((fd, _label(target)))
             elif target.startswith(f"/memfd:{STATUS_NAME}"):
                 pages.append(fd)
         if not boards:
@@ -96,20 +96,31 @@ def snapshot() -> list[dict]:
                 "seconds": {s: w[f"ns_{s}"] / 1e9 for s in ("loading", "collating", "encoding",
                                                             "idle")},
             })
-        for fd in boards:
+        for fd, served_by in boards:
             v = _read_memfd(pid, fd, len(FIELDS), np.int64)
             if v is None or int(v[0]) != MAGIC:
                 continue
             b = dict(zip(FIELDS, (int(x) for x in v)))
             elapsed = (now - b["started_ns"]) / 1e9 if b["started_ns"] else 0.0
             loaders.append({
-                "pid": int(pid), "command": _cmdline(pid)[:120], "epoch": b["epoch"],
+                "pid": int(pid), "command": _cmdline(pid)[:120], "served_by": served_by,
+                "epoch": b["epoch"],
                 "num_workers": b["num_workers"], "batches_yielded": b["batches_yielded"],
                 "data_stall": (b["waited_ns"] / 1e9 / elapsed) if elapsed > 0 else 0.0,
                 "deaths": b["deaths"], "restarts": b["restarts"], "skipped": b["skipped"],
                 "workers": sorted(workers_by_token.get(b["token"], []), key=lambda w: w["id"]),
             })
     return loaders
+
+
+def _label(target: str) -> str:
+    """Who serves the loader, from its board's memfd name ("/memfd:stoker-board:LABEL
+    (deleted)"); boards of older versions have none."""
+    name = target[len("/memfd:"):]
+    if name.endswith(" (deleted)"):
+        name = name[: -len(" (deleted)")]
+    _, _, label = name.partition(":")
+    return label or "stoker.DataLoader"
 
 
 def _mb(n) -> str:
@@ -124,7 +135,7 @@ def render(loaders, previous, dt, only_pid=None) -> str:
         if only_pid is not None and ld["pid"] != only_pid:
             continue
         lines.append(
-            f"PID {ld['pid']}  epoch {ld['epoch']}  batches {ld['batches_yielded']}  "
+            f"PID {ld['pid']}  {ld.get('served_by', '')}  epoch {ld['epoch']}  batches {ld['batches_yielded']}  "
             f"data stall {100 * ld['data_stall']:.0f}%  deaths {ld['deaths']}  "
             f"restarts {ld['restarts']}  skipped {ld['skipped']}  {ld['command']}")
         lines.append(f"  {'worker':>6} {'pid':>8} {'samples/s':>10} {'state':>10} {'index':>10} "
