@@ -28,6 +28,7 @@ from torch.utils.data import IterableDataset
 
 from ._errors import StateMismatchError
 from ._fetch import SkippedSample
+from ._options import options_of, state_of
 
 VERSION = 1
 _KEY = "_stoker_resume"
@@ -119,7 +120,7 @@ class Cursor:
         loader = self.loader
         tr = tracker(loader)
         pending, tr.pending = tr.pending, None
-        rec = EpochRecord(loader._stoker_state.epoch, it._base_seed)
+        rec = EpochRecord(state_of(loader).epoch, it._base_seed)
         if pending is not None:
             rec.base_seed = it._base_seed = pending["base_seed"]
             rec.torch_rng = pending["torch_rng"]
@@ -231,7 +232,7 @@ def attach(loader, it, kept_rng) -> Cursor:
 # -- state_dict / load_state_dict ----------------------------------------------------------------
 def state_dict(loader) -> dict:
     tr = tracker(loader)
-    st = loader._stoker_state
+    st = state_of(loader)
     sd = {
         "version": VERSION,
         "loader": fingerprint(loader),
@@ -245,7 +246,7 @@ def state_dict(loader) -> dict:
         "generators": (),
         "generators_now": _capture_generators(loader),
         "sampler_epoch": None,
-        "seed": loader._stoker_options.get("seed"),
+        "seed": options_of(loader).get("seed"),
         "skipped": tuple((s.index, s.reason, s.epoch) for s in st.skipped),
         "quarantined": tuple(sorted(st.quarantined, key=repr)),
     }
@@ -284,7 +285,7 @@ def load_state_dict(loader, sd) -> None:
         )
     _check_fingerprint(sd["loader"], fingerprint(loader))
     tr = tracker(loader)
-    st = loader._stoker_state
+    st = state_of(loader)
     from ._recovery import key
 
     st.skipped = [SkippedSample(i, r, e) for i, r, e in sd["skipped"]]

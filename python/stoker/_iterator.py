@@ -36,6 +36,7 @@ from ._errors import (
     WorkerCrashed,
     WorkerHung,
 )
+from ._options import state_of
 from ._protocol import (
     MODE_AS_IS,
     MODE_COLLATE,
@@ -157,7 +158,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         # start; per-sample seeding (_seeding.py) needs the epoch that is about to begin.
         self._cursor = _checkpoint.attach(loader, self, kept_rng)
         self._seeder = _seeding.seeder_for(loader, self._base_seed,
-                                           loader._stoker_state.epoch + 1)
+                                           state_of(loader).epoch + 1)
         if loader.prefetch_factor <= 0:
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"

@@ -149,6 +149,8 @@ class KeptGenerators:
 
 def seeder_for(loader, base_seed: int, epoch: int):
     """A SampleSeeder when the loader asks for ``seed="per_sample"``, else None."""
-    if loader._stoker_options.get("seed") != "per_sample":
+    from ._options import options_of
+
+    if options_of(loader).get("seed") != "per_sample":
         return None
     return SampleSeeder(base_seed, epoch)
