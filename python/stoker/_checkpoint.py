@@ -26,6 +26,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset
 
+from . import _elastic
 from ._errors import StateMismatchError
 from ._fetch import SkippedSample
 
@@ -52,6 +53,7 @@ class EpochRecord:
         self.skip_extra: frozenset = frozenset()
         self.task_pos: dict[int, int] = {}  # multi-process: task -> sampler position
         self.discard = 0  # IterableDataset: batches to load and drop before the first one
+        self.order: bytes | None = None  # elastic resume: the epoch's explicit global order
 
     def mark(self, pos: int) -> None:
         if pos == self.prefix:
@@ -126,6 +128,7 @@ class Cursor:
             rec.generators = pending["generators"]
             _set_generators(loader, rec.generators)
             rec.sampler_epoch = pending["sampler_epoch"]
+            rec.order = pending.get("order")
             now = _sampler_epoch(loader)
             if now != rec.sampler_epoch:
                 raise StateMismatchError(
@@ -148,6 +151,10 @@ class Cursor:
         else:
             rec.generators = _capture_generators(loader)
             rec.sampler_epoch = _sampler_epoch(loader)
+        if rec.order is not None:  # an epoch resumed elastically: this rank's share of the rest
+            s = loader.sampler
+            it._sampler_iter = _elastic.batches(
+                _elastic.share(rec.order, s.num_replicas, s.rank), loader)
         self.record = rec
         self.stream = SamplerStream(it._sampler_iter, rec)
         it._sampler_iter = self.stream
@@ -248,11 +255,13 @@ def state_dict(loader) -> dict:
         "seed": loader._stoker_options.get("seed"),
         "skipped": tuple((s.index, s.reason, s.epoch) for s in st.skipped),
         "quarantined": tuple(sorted(st.quarantined, key=repr)),
+        "distributed": _elastic.describe(loader),
+        "order": None,
     }
     if tr.pending is not None:  # loaded, not iterated yet: the same state again
         for k in ("epoch", "finished", "position", "delivered_after", "batches_yielded",
-                  "base_seed", "torch_rng", "generators", "sampler_epoch"):
-            sd[k] = tr.pending[k]
+                  "base_seed", "torch_rng", "generators", "sampler_epoch", "order"):
+            sd[k] = tr.pending.get(k)
         return sd
     rec = tr.current
     if rec is None or rec.epoch != st.epoch:
@@ -267,22 +276,20 @@ def state_dict(loader) -> dict:
         "torch_rng": rec.torch_rng,
         "generators": rec.generators,
         "sampler_epoch": rec.sampler_epoch,
+        "order": rec.order,
     })
     return sd
 
 
 def load_state_dict(loader, sd) -> None:
-    if not isinstance(sd, dict) or "version" not in sd:
-        raise StateMismatchError(
-            f"stoker: load_state_dict expects a dict made by stoker.DataLoader.state_dict(), got "
-            f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
-        )
-    if sd["version"] != VERSION:
-        raise StateMismatchError(
-            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
-            f"{VERSION}. Resume with the stoker release that saved it."
-        )
-    _check_fingerprint(sd["loader"], fingerprint(loader))
+    elastic = isinstance(sd, (list, tuple))
+    if elastic:  # the states of all ranks of a saved job (_elastic.py)
+        for one in sd:
+            _check_version(one)
+        sd = _elastic.merge(loader, sd)
+    _check_version(sd)
+    _check_distributed(sd, loader, elastic)
+    _check_fingerprint(sd["loader"], fingerprint(loader), elastic)
     tr = tracker(loader)
     st = loader._stoker_state
     from ._recovery import key
@@ -298,13 +305,41 @@ def load_state_dict(loader, sd) -> None:
         _set_generators(loader, sd["generators_now"])
         return
     st.epoch = sd["epoch"] - 1  # the epoch that begins next is the saved one
-    tr.pending = {k: sd[k] for k in ("epoch", "finished", "position", "delivered_after",
-                                     "batches_yielded", "base_seed", "torch_rng", "generators",
-                                     "sampler_epoch")}
+    tr.pending = {k: sd.get(k) for k in ("epoch", "finished", "position", "delivered_after",
+                                         "batches_yielded", "base_seed", "torch_rng",
+                                         "generators", "sampler_epoch", "order")}
     if sd["sampler_epoch"] is not None:
         s = _epoch_sampler(loader)
         if s is not None:
             s.set_epoch(sd["sampler_epoch"])
+
+
+def _check_version(sd) -> None:
+    if not isinstance(sd, dict) or "version" not in sd:
+        raise StateMismatchError(
+            f"stoker: load_state_dict expects a dict made by stoker.DataLoader.state_dict() (or "
+            f"a list of them, one per rank of a saved job), got "
+            f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
+        )
+    if sd["version"] != VERSION:
+        raise StateMismatchError(
+            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
+            f"{VERSION}. Resume with the stoker release that saved it."
+        )
+
+
+def _check_distributed(sd: dict, loader, elastic: bool) -> None:
+    saved, here = sd.get("distributed"), _elastic.describe(loader)
+    if elastic or saved is None or here is None:
+        return
+    if saved["num_replicas"] != here["num_replicas"]:
+        raise StateMismatchError(
+            f"stoker: this state was saved by rank {saved['rank']} of {saved['num_replicas']} "
+            f"ranks; this loader's DistributedSampler has {here['num_replicas']}. One rank's "
+            "state cannot say what the other ranks delivered: pass the states of all ranks of "
+            "the saved job, as a list, to load_state_dict (every rank loads the same list), "
+            "and stoker splits the rest of the epoch among the new ranks."
+        )
 
 
 # -- what must match ------------------------------------------------------------------------------
@@ -337,9 +372,11 @@ def fingerprint(loader) -> dict:
     }
 
 
-def _check_fingerprint(saved: dict, here: dict) -> None:
+def _check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
+    # Resized (elastic): each rank has another share of the epoch, so another number of batches.
+    ignore = ("batches_per_epoch",) if elastic else ()
     diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
-             for k in here if saved.get(k) != here.get(k)]
+             for k in here if k not in ignore and saved.get(k) != here.get(k)]
     if "num_workers" in (d.split(":")[0] for d in diffs):
         diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
                      "depend on num_workers: resume it with the num_workers it was saved with)")
