@@ -26,7 +26,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset
 
-from . import _elastic
+from . import _elastic, _iter_state
 from ._errors import StateMismatchError
 from ._fetch import SkippedSample
 
@@ -54,6 +54,11 @@ class EpochRecord:
         self.task_pos: dict[int, int] = {}  # multi-process: task -> sampler position
         self.discard = 0  # IterableDataset: batches to load and drop before the first one
         self.order: bytes | None = None  # elastic resume: the epoch's explicit global order
+        # A stateful IterableDataset (_iter_state.py): per worker, the state that goes with the
+        # last batch the user received from it; per task in flight, the state sent with it.
+        self.worker_states: dict[int, bytes] = {}
+        self.task_state: dict[int, tuple[int, bytes]] = {}
+        self.last_worker: int | None = None  # the worker of the last task received
 
     def mark(self, pos: int) -> None:
         if pos == self.prefix:
@@ -106,10 +111,14 @@ class SamplerStream:
 class Cursor:
     """What an iterator holds: its loader (weakly) and the record of the epoch it serves."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, it=None):
         self._loader = weakref.ref(loader)
+        self._it = weakref.ref(it) if it is not None else lambda: None
         self.record: EpochRecord | None = None
         self.stream: SamplerStream | None = None
+        # What workers started for a resumed epoch restore (they take it as they start).
+        self.iter_states = _iter_state.Box()
+        self._first_worker: int | None = None
 
     @property
     def loader(self):
@@ -138,7 +147,19 @@ class Cursor:
                     f"sampler.set_epoch({rec.sampler_epoch}) before iterating (or after "
                     "load_state_dict, which sets it), as the saved run did."
                 )
-            if isinstance(loader.dataset, IterableDataset):
+            states = dict(pending.get("worker_states") or ())
+            if isinstance(loader.dataset, IterableDataset) and states:
+                # Each worker's stream continues from its own saved state (_iter_state.py).
+                rec.prefix = rec.skip_prefix = pending["position"]
+                rec.yielded = pending["batches_yielded"]
+                rec.worker_states = dict(states)
+                rec.last_worker = pending.get("last_worker")
+                self.iter_states.states = states
+                if loader.num_workers == 0:
+                    _restore_here(it, loader.dataset, states.get(0))
+                elif rec.last_worker is not None:
+                    self._first_worker = (rec.last_worker + 1) % loader.num_workers
+            elif isinstance(loader.dataset, IterableDataset):
                 # Workers' streams cannot be positioned: the batches already received are
                 # loaded again and dropped (their positions are marked as they go by).
                 rec.discard = pending["position"]
@@ -151,6 +172,7 @@ class Cursor:
         else:
             rec.generators = _capture_generators(loader)
             rec.sampler_epoch = _sampler_epoch(loader)
+            self.iter_states.states = {}
         if rec.order is not None:  # an epoch resumed elastically: this rank's share of the rest
             s = loader.sampler
             it._sampler_iter = _elastic.batches(
@@ -168,15 +190,37 @@ class Cursor:
     def consumed(self, task: int) -> None:
         """Multi-process: the outcome of `task` reached the user (a batch, an error, or
         nothing when all its samples were skipped)."""
-        pos = self.record.task_pos.pop(task, None)
+        rec = self.record
+        pos = rec.task_pos.pop(task, None)
         if pos is not None:
-            self.record.mark(pos)
-            self.record.yielded += 1
+            rec.mark(pos)
+            rec.yielded += 1
+        sent = rec.task_state.pop(task, None)
+        if sent is not None:
+            rec.worker_states[sent[0]] = sent[1]
+            rec.last_worker = sent[0]
+
+    def iter_state(self, task: int, worker_id: int, payload) -> None:
+        """Multi-process: a worker's stateful IterableDataset, as it was after `task`."""
+        self.record.task_state[task] = (worker_id, bytes(payload))
+
+    def first_worker(self, tasks) -> None:
+        """A resumed IterableDataset: the first task goes to the worker whose turn it was in
+        the saved run (the one after the worker of the last batch received), so batches come
+        in the uninterrupted run's order."""
+        w, self._first_worker = self._first_worker, None
+        if w is not None:
+            tasks.rotate(w)
 
     def consumed_last(self) -> None:
         """One process: the item drawn last reached the user."""
         self.record.mark(self.stream.pos)
         self.record.yielded += 1
+        it = self._it()
+        if it is not None and isinstance(it._dataset, IterableDataset):
+            state = _iter_state.capture(it._dataset, _fetcher_iterator(it)[0])
+            if state is not None:
+                self.record.worker_states[0] = state
 
     def discarding(self) -> bool:
         """IterableDataset resumed: True while batches already received must be dropped."""
@@ -232,7 +276,10 @@ def attach(loader, it, kept_rng) -> Cursor:
         torch.set_rng_state(kept_rng)
     if pending is not None:
         it._base_seed = pending["base_seed"]
-    return Cursor(loader)
+    cursor = Cursor(loader, it)
+    if pending is not None and pending.get("worker_states"):
+        cursor.iter_states.states = dict(pending["worker_states"])  # workers start next
+    return cursor
 
 
 # -- state_dict / load_state_dict ----------------------------------------------------------------
@@ -257,10 +304,13 @@ def state_dict(loader) -> dict:
         "quarantined": tuple(sorted(st.quarantined, key=repr)),
         "distributed": _elastic.describe(loader),
         "order": None,
+        "worker_states": (),
+        "last_worker": None,
     }
     if tr.pending is not None:  # loaded, not iterated yet: the same state again
         for k in ("epoch", "finished", "position", "delivered_after", "batches_yielded",
-                  "base_seed", "torch_rng", "generators", "sampler_epoch", "order"):
+                  "base_seed", "torch_rng", "generators", "sampler_epoch", "order",
+                  "worker_states", "last_worker"):
             sd[k] = tr.pending.get(k)
         return sd
     rec = tr.current
@@ -277,6 +327,8 @@ def state_dict(loader) -> dict:
         "generators": rec.generators,
         "sampler_epoch": rec.sampler_epoch,
         "order": rec.order,
+        "worker_states": tuple(sorted(rec.worker_states.items())),
+        "last_worker": rec.last_worker,
     })
     return sd
 
@@ -307,7 +359,8 @@ def load_state_dict(loader, sd) -> None:
     st.epoch = sd["epoch"] - 1  # the epoch that begins next is the saved one
     tr.pending = {k: sd.get(k) for k in ("epoch", "finished", "position", "delivered_after",
                                          "batches_yielded", "base_seed", "torch_rng",
-                                         "generators", "sampler_epoch", "order")}
+                                         "generators", "sampler_epoch", "order",
+                                         "worker_states", "last_worker")}
     if sd["sampler_epoch"] is not None:
         s = _epoch_sampler(loader)
         if s is not None:
@@ -379,7 +432,9 @@ def _check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
              for k in here if k not in ignore and saved.get(k) != here.get(k)]
     if "num_workers" in (d.split(":")[0] for d in diffs):
         diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
-                     "depend on num_workers: resume it with the num_workers it was saved with)")
+                     "depend on num_workers, and a stateful one's state is saved per worker, "
+                     "each worker resuming its own state: resume it with the num_workers it "
+                     "was saved with)")
     if diffs:
         raise StateMismatchError(
             "stoker: this state was saved by a loader that orders its samples differently, so "
@@ -393,6 +448,26 @@ def _check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
 def _qualname(obj) -> str:
     t = type(obj)
     return f"{t.__module__}.{t.__qualname__}"
+
+
+# -- a stateful IterableDataset in the main process (num_workers=0) ------------------------------
+def _fetcher_iterator(it):
+    """(the dataset's live iterator, a setter for it) in a one-process iterator's fetcher:
+    stoker's (``_PolicyFetcher``) or torch's own."""
+    f = it._dataset_fetcher
+    inner = getattr(f, "fetcher", None)
+    if inner is not None:
+        return inner.iterator, lambda i: setattr(inner, "iterator", i)
+    return getattr(f, "dataset_iter", None), lambda i: setattr(f, "dataset_iter", i)
+
+
+def _restore_here(it, dataset, payload) -> None:
+    if payload is None:
+        return
+    _iter_state.restore_dataset(dataset, payload)
+    fresh = iter(dataset)
+    _iter_state.restore_iterator(fresh, payload)
+    _fetcher_iterator(it)[1](fresh)
 
 
 # -- RNG states -----------------------------------------------------------------------------------
