@@ -117,3 +117,10 @@ class _StreamIter:
 
     def load_state_dict(self, state):
         self.pos = state["pos"]
+
+
+class StateFails(StatefulStream):
+    """A stateful stream whose state_dict() cannot be taken (a bug in the dataset)."""
+
+    def state_dict(self):
+        raise ValueError("cannot serialise the reader's file handle")

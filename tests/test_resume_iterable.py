@@ -70,3 +70,13 @@ def test_another_num_workers_is_refused_and_says_why():
     sd = loader.state_dict()
     with pytest.raises(StateMismatchError, match="its own state"):
         make(3).load_state_dict(sd)
+
+
+def test_a_state_dict_that_fails_is_named_with_what_to_do():
+    from resume_datasets import StateFails
+
+    loader = stoker.DataLoader(StateFails(N, "dataset"), batch_size=B, num_workers=2)
+    with pytest.raises(Exception, match=r"state_dict\(\) failed in worker 0 \(ValueError: "
+                                        r"cannot serialise") as e:
+        next(iter(loader))
+    assert "remove state_dict" in str(e.value)

@@ -215,11 +215,26 @@ def worker_main(
             _iter_state.restore_iterator(f.iterator, mine)
         return f
 
-    def send_iter_state(task):
-        if kind == ITERABLE:
+    def send_iter_state(task) -> bool:
+        """False when the state could not be taken (the task's outcome is then that error:
+        a batch whose state is lost could not be resumed after)."""
+        if kind != ITERABLE:
+            return True
+        try:
             state = _iter_state.capture(dataset, fetcher.iterator)
-            if state is not None:  # before the task's outcome: the main process pairs them
-                endpoint.send(MSG_ITER_STATE, task, 0, state)
+        except Exception as e:
+            err = RuntimeError(
+                f"stoker: the IterableDataset's state_dict() failed in worker {worker_id} "
+                f"({type(e).__name__}: {_protocol.safe_str(e)}). stoker takes it after every "
+                "batch so that a checkpoint can resume each worker's stream; make state_dict() "
+                "return a picklable dict, or remove state_dict/load_state_dict from the "
+                "dataset (resume then re-reads and drops the batches already received).")
+            err.__cause__ = e
+            endpoint.send(MSG_ERROR, task, 0, _error(err, worker_id, fetcher))
+            return False
+        if state is not None:  # before the task's outcome: the main process pairs them
+            endpoint.send(MSG_ITER_STATE, task, 0, state)
+        return True
 
     init_error = None
     fetcher = None
@@ -277,14 +292,21 @@ def worker_main(
                 endpoint.send(MSG_ERROR, task, 0, _error(StopIteration(), worker_id, fetcher))
                 continue
             except Dropped:
-                send_iter_state(task)
-                _report_skipped(endpoint, task, fetcher, dropped=True)
+                if send_iter_state(task):
+                    _report_skipped(endpoint, task, fetcher, dropped=True)
                 continue
             except Exception as e:
-                send_iter_state(task)
+                try:  # the user gets this error: the stream continues after it on resume
+                    state = _iter_state.capture(dataset, fetcher.iterator) if kind == ITERABLE \
+                        else None
+                except Exception:
+                    state = None
+                if state is not None:
+                    endpoint.send(MSG_ITER_STATE, task, 0, state)
                 endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
                 continue
-            send_iter_state(task)
+            if not send_iter_state(task):
+                continue
             _report_skipped(endpoint, task, fetcher, dropped=False)
             try:
                 _send(endpoint, task, data, collate_fn, collate_mode, index if kind == MAP else None)
