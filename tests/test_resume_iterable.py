@@ -80,3 +80,23 @@ def test_a_state_dict_that_fails_is_named_with_what_to_do():
                                         r"cannot serialise") as e:
         next(iter(loader))
     assert "remove state_dict" in str(e.value)
+
+
+def test_a_hugging_face_streaming_dataset_resumes_from_its_own_state():
+    datasets = pytest.importorskip("datasets", reason="datasets not installed (make test "
+                                   "installs it from tests/requirements-frameworks.txt)")
+    stream = datasets.Dataset.from_dict({"i": list(range(N))}).to_iterable_dataset(num_shards=4)
+
+    def make_hf():
+        return stoker.DataLoader(stream, batch_size=B, num_workers=2)
+
+    ref = [b["i"].tolist() for b in make_hf()]
+    loader = make_hf()
+    it = iter(loader)
+    got = [next(it)["i"].tolist() for _ in range(3)]
+    sd = loader.state_dict()
+    assert len(sd["worker_states"]) == 2  # datasets' own state_dict, one per worker
+    del it
+    again = make_hf()
+    again.load_state_dict(sd)
+    assert got + [b["i"].tolist() for b in again] == ref
