@@ -124,3 +124,39 @@ class StateFails(StatefulStream):
 
     def state_dict(self):
         raise ValueError("cannot serialise the reader's file handle")
+
+
+class StreamKilledOnce(StatefulStream):
+    """A stateful stream whose worker is SIGKILLed the first time it reaches item `at` (a marker
+    file in `marks` says it happened: the restarted worker goes on)."""
+
+    def __init__(self, n, at, marks, where="iterator"):
+        super().__init__(n, where)
+        self.at, self.marks = at, marks
+
+    def __iter__(self):
+        return _KillsOnce(super().__iter__(), self.at, self.marks)
+
+
+class _KillsOnce:
+    """Passes a stream's rows through, and its state_dict/load_state_dict when it has them."""
+
+    def __init__(self, inner, at, marks):
+        self.inner, self.at, self.marks = inner, at, marks
+        if hasattr(inner, "state_dict"):
+            self.state_dict = inner.state_dict
+            self.load_state_dict = inner.load_state_dict
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import os
+        import signal
+
+        row = next(self.inner)
+        mark = os.path.join(self.marks, f"killed-{row[1]}")
+        if row[1] == self.at and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return row

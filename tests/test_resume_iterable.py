@@ -100,3 +100,16 @@ def test_a_hugging_face_streaming_dataset_resumes_from_its_own_state():
     again = make_hf()
     again.load_state_dict(sd)
     assert got + [b["i"].tolist() for b in again] == ref
+
+
+@pytest.mark.parametrize("where", ["iterator", "dataset"])
+def test_a_killed_worker_of_a_stateful_stream_restarts_from_its_state(tmp_path, where):
+    from resume_datasets import StreamKilledOnce
+
+    ref = items(make(2, where))
+    loader = stoker.DataLoader(StreamKilledOnce(N, 21, str(tmp_path), where), batch_size=B,
+                               num_workers=2)
+    got = items(loader)  # worker 1 dies in its 4th batch, after sending 3
+    assert (tmp_path / "killed-21").exists()
+    assert got == ref  # its replacement continued from its state: nothing repeated or lost
+    assert len(loader.deaths) == 1

@@ -59,6 +59,10 @@ class EpochRecord:
         self.worker_states: dict[int, bytes] = {}
         self.task_state: dict[int, tuple[int, bytes]] = {}
         self.last_worker: int | None = None  # the worker of the last task received
+        # Per worker, the state after the last outcome that reached the main process (a
+        # restarted worker continues from it), and the workers any outcome came from.
+        self.arrived_states: dict[int, bytes] = {}
+        self.arrived_from: set[int] = set()
 
     def mark(self, pos: int) -> None:
         if pos == self.prefix:
@@ -203,6 +207,31 @@ class Cursor:
     def iter_state(self, task: int, worker_id: int, payload) -> None:
         """Multi-process: a worker's stateful IterableDataset, as it was after `task`."""
         self.record.task_state[task] = (worker_id, bytes(payload))
+
+    def arrived(self, task: int, worker_id: int) -> None:
+        """Multi-process: the outcome of `task` (a batch, an error, a dropped task) reached the
+        main process from `worker_id`."""
+        rec = self.record
+        rec.arrived_from.add(worker_id)
+        sent = rec.task_state.get(task)
+        if sent is not None:
+            rec.arrived_states[worker_id] = sent[1]
+
+    def stream_known(self, worker_id: int) -> bool:
+        """An IterableDataset: whether a new worker in place of `worker_id` can continue its
+        stream exactly: it delivered nothing yet (a fresh start is its position), or its
+        dataset is stateful and sent its state with what it delivered. Sets the state the
+        new worker restores."""
+        rec = self.record
+        if rec is None:
+            return False
+        if worker_id in rec.arrived_states:
+            self.iter_states.states[worker_id] = rec.arrived_states[worker_id]
+            return True
+        if worker_id not in rec.arrived_from:
+            # Nothing delivered: from the start, or from the state the resume gave it.
+            return True
+        return False
 
     def first_worker(self, tasks) -> None:
         """A resumed IterableDataset: the first task goes to the worker whose turn it was in

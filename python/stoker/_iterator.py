@@ -181,6 +181,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._stats = IterStats(self._board, self._set, self._opts["stall_notice"])
         self._recovery = Recovery(self._state, self._opts, n, self._kind == _worker.MAP)
+        self._recovery.stream_known = self._cursor.stream_known  # a stateful IterableDataset
         self._resetting = False
         self._restarted_in_reset: set = set()
         self._awaiting_resume: set = set()  # persistent workers asked to start a new epoch
@@ -439,6 +440,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 if live:
                     self._cursor.iter_state(task, worker_id, payload)
                 continue
+            if live and (mtype in (MSG_BATCH, MSG_ERROR) or (mtype == MSG_SKIPPED and a == 1)):
+                self._cursor.arrived(task, worker_id)  # the state a restart continues from
             if mtype == MSG_SKIPPED:
                 if live:  # a re-issued task's first attempt already reported its skips
                     for index, reason in _protocol.decode_error(payload):
