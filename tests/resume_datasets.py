@@ -59,3 +59,104 @@ class Stream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         k, w = (0, 1) if info is None else (info.id, info.num_workers)
         return iter(range(k, self.n, w))
+
+
+class StatefulStream(torch.utils.data.IterableDataset):
+    """A stream in torchdata's Stateful style: each worker reads its share (every
+    num_workers-th item from its id) of `n` items. Each item is [worker, item, reads], where
+    `reads` counts the items this iterator produced since it was made or restored: a resume
+    that restores the state starts again at 1; one that replays the stream does not.
+    `where`: "iterator" (iter() returns a stateful iterator, torchdata's nodes) or "dataset"
+    (the dataset holds the position and has state_dict itself)."""
+
+    def __init__(self, n=40, where="iterator"):
+        self.n = n
+        self.where = where
+        self.pos = 0
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.where == "iterator":
+            return _StreamIter(range(wid, self.n, nw), wid)
+        return self._gen(wid, nw)
+
+    def _gen(self, wid, nw):
+        mine = range(wid, self.n, nw)
+        reads = 0
+        while self.pos < len(mine):
+            item = mine[self.pos]
+            self.pos += 1
+            reads += 1
+            yield [wid, item, reads]
+        self.pos = 0  # the next epoch starts over
+
+
+class _StreamIter:
+    def __init__(self, items, wid):
+        self.items, self.wid, self.pos, self.reads = items, wid, 0, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        self.reads += 1
+        return [self.wid, self.items[self.pos - 1], self.reads]
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+class StateFails(StatefulStream):
+    """A stateful stream whose state_dict() cannot be taken (a bug in the dataset)."""
+
+    def state_dict(self):
+        raise ValueError("cannot serialise the reader's file handle")
+
+
+class StreamKilledOnce(StatefulStream):
+    """A stateful stream whose worker is SIGKILLed the first time it reaches item `at` (a marker
+    file in `marks` says it happened: the restarted worker goes on)."""
+
+    def __init__(self, n, at, marks, where="iterator"):
+        super().__init__(n, where)
+        self.at, self.marks = at, marks
+
+    def __iter__(self):
+        return _KillsOnce(super().__iter__(), self.at, self.marks)
+
+
+class _KillsOnce:
+    """Passes a stream's rows through, and its state_dict/load_state_dict when it has them."""
+
+    def __init__(self, inner, at, marks):
+        self.inner, self.at, self.marks = inner, at, marks
+        if hasattr(inner, "state_dict"):
+            self.state_dict = inner.state_dict
+            self.load_state_dict = inner.load_state_dict
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import os
+        import signal
+
+        row = next(self.inner)
+        mark = os.path.join(self.marks, f"killed-{row[1]}")
+        if row[1] == self.at and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return row

@@ -34,6 +34,7 @@ enum class MessageType : uint32_t {
   kStatusPage = 17,  // the worker's WorkerStatusPage memfd is attached
   kLogFile = 18,     // a = LogKind; a memfd the worker writes a log into is attached
   kSkipped = 19,     // task; payload: pickled skip records; a = 1 when the whole task was dropped
+  kIterState = 20,   // task; payload: a stateful iterable dataset's pickled state after the task
 };
 
 enum class LogKind : uint64_t {

@@ -26,6 +26,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset
 
+from . import _elastic, _iter_state
 from ._errors import StateMismatchError
 from ._fetch import SkippedSample
 from ._options import options_of, state_of
@@ -53,6 +54,16 @@ class EpochRecord:
         self.skip_extra: frozenset = frozenset()
         self.task_pos: dict[int, int] = {}  # multi-process: task -> sampler position
         self.discard = 0  # IterableDataset: batches to load and drop before the first one
+        self.order: bytes | None = None  # elastic resume: the epoch's explicit global order
+        # A stateful IterableDataset (_iter_state.py): per worker, the state that goes with the
+        # last batch the user received from it; per task in flight, the state sent with it.
+        self.worker_states: dict[int, bytes] = {}
+        self.task_state: dict[int, tuple[int, bytes]] = {}
+        self.last_worker: int | None = None  # the worker of the last task received
+        # Per worker, the state after the last outcome that reached the main process (a
+        # restarted worker continues from it), and the workers any outcome came from.
+        self.arrived_states: dict[int, bytes] = {}
+        self.arrived_from: set[int] = set()
 
     def mark(self, pos: int) -> None:
         if pos == self.prefix:
@@ -105,10 +116,14 @@ class SamplerStream:
 class Cursor:
     """What an iterator holds: its loader (weakly) and the record of the epoch it serves."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, it=None):
         self._loader = weakref.ref(loader)
+        self._it = weakref.ref(it) if it is not None else lambda: None
         self.record: EpochRecord | None = None
         self.stream: SamplerStream | None = None
+        # What workers started for a resumed epoch restore (they take it as they start).
+        self.iter_states = _iter_state.Box()
+        self._first_worker: int | None = None
 
     @property
     def loader(self):
@@ -127,6 +142,7 @@ class Cursor:
             rec.generators = pending["generators"]
             _set_generators(loader, rec.generators)
             rec.sampler_epoch = pending["sampler_epoch"]
+            rec.order = pending.get("order")
             now = _sampler_epoch(loader)
             if now != rec.sampler_epoch:
                 raise StateMismatchError(
@@ -136,7 +152,19 @@ class Cursor:
                     f"sampler.set_epoch({rec.sampler_epoch}) before iterating (or after "
                     "load_state_dict, which sets it), as the saved run did."
                 )
-            if isinstance(loader.dataset, IterableDataset):
+            states = dict(pending.get("worker_states") or ())
+            if isinstance(loader.dataset, IterableDataset) and states:
+                # Each worker's stream continues from its own saved state (_iter_state.py).
+                rec.prefix = rec.skip_prefix = pending["position"]
+                rec.yielded = pending["batches_yielded"]
+                rec.worker_states = dict(states)
+                rec.last_worker = pending.get("last_worker")
+                self.iter_states.states = states
+                if loader.num_workers == 0:
+                    _restore_here(it, loader.dataset, states.get(0))
+                elif rec.last_worker is not None:
+                    self._first_worker = (rec.last_worker + 1) % loader.num_workers
+            elif isinstance(loader.dataset, IterableDataset):
                 # Workers' streams cannot be positioned: the batches already received are
                 # loaded again and dropped (their positions are marked as they go by).
                 rec.discard = pending["position"]
@@ -149,6 +177,11 @@ class Cursor:
         else:
             rec.generators = _capture_generators(loader)
             rec.sampler_epoch = _sampler_epoch(loader)
+            self.iter_states.states = {}
+        if rec.order is not None:  # an epoch resumed elastically: this rank's share of the rest
+            s = loader.sampler
+            it._sampler_iter = _elastic.batches(
+                _elastic.share(rec.order, s.num_replicas, s.rank), loader)
         self.record = rec
         self.stream = SamplerStream(it._sampler_iter, rec)
         it._sampler_iter = self.stream
@@ -162,15 +195,62 @@ class Cursor:
     def consumed(self, task: int) -> None:
         """Multi-process: the outcome of `task` reached the user (a batch, an error, or
         nothing when all its samples were skipped)."""
-        pos = self.record.task_pos.pop(task, None)
+        rec = self.record
+        pos = rec.task_pos.pop(task, None)
         if pos is not None:
-            self.record.mark(pos)
-            self.record.yielded += 1
+            rec.mark(pos)
+            rec.yielded += 1
+        sent = rec.task_state.pop(task, None)
+        if sent is not None:
+            rec.worker_states[sent[0]] = sent[1]
+            rec.last_worker = sent[0]
+
+    def iter_state(self, task: int, worker_id: int, payload) -> None:
+        """Multi-process: a worker's stateful IterableDataset, as it was after `task`."""
+        self.record.task_state[task] = (worker_id, bytes(payload))
+
+    def arrived(self, task: int, worker_id: int) -> None:
+        """Multi-process: the outcome of `task` (a batch, an error, a dropped task) reached the
+        main process from `worker_id`."""
+        rec = self.record
+        rec.arrived_from.add(worker_id)
+        sent = rec.task_state.get(task)
+        if sent is not None:
+            rec.arrived_states[worker_id] = sent[1]
+
+    def stream_known(self, worker_id: int) -> bool:
+        """An IterableDataset: whether a new worker in place of `worker_id` can continue its
+        stream exactly: it delivered nothing yet (a fresh start is its position), or its
+        dataset is stateful and sent its state with what it delivered. Sets the state the
+        new worker restores."""
+        rec = self.record
+        if rec is None:
+            return False
+        if worker_id in rec.arrived_states:
+            self.iter_states.states[worker_id] = rec.arrived_states[worker_id]
+            return True
+        if worker_id not in rec.arrived_from:
+            # Nothing delivered: from the start, or from the state the resume gave it.
+            return True
+        return False
+
+    def first_worker(self, tasks) -> None:
+        """A resumed IterableDataset: the first task goes to the worker whose turn it was in
+        the saved run (the one after the worker of the last batch received), so batches come
+        in the uninterrupted run's order."""
+        w, self._first_worker = self._first_worker, None
+        if w is not None:
+            tasks.rotate(w)
 
     def consumed_last(self) -> None:
         """One process: the item drawn last reached the user."""
         self.record.mark(self.stream.pos)
         self.record.yielded += 1
+        it = self._it()
+        if it is not None and isinstance(it._dataset, IterableDataset):
+            state = _iter_state.capture(it._dataset, _fetcher_iterator(it)[0])
+            if state is not None:
+                self.record.worker_states[0] = state
 
     def discarding(self) -> bool:
         """IterableDataset resumed: True while batches already received must be dropped."""
@@ -226,7 +306,10 @@ def attach(loader, it, kept_rng) -> Cursor:
         torch.set_rng_state(kept_rng)
     if pending is not None:
         it._base_seed = pending["base_seed"]
-    return Cursor(loader)
+    cursor = Cursor(loader, it)
+    if pending is not None and pending.get("worker_states"):
+        cursor.iter_states.states = dict(pending["worker_states"])  # workers start next
+    return cursor
 
 
 # -- state_dict / load_state_dict ----------------------------------------------------------------
@@ -249,11 +332,16 @@ def state_dict(loader) -> dict:
         "seed": options_of(loader).get("seed"),
         "skipped": tuple((s.index, s.reason, s.epoch) for s in st.skipped),
         "quarantined": tuple(sorted(st.quarantined, key=repr)),
+        "distributed": _elastic.describe(loader),
+        "order": None,
+        "worker_states": (),
+        "last_worker": None,
     }
     if tr.pending is not None:  # loaded, not iterated yet: the same state again
         for k in ("epoch", "finished", "position", "delivered_after", "batches_yielded",
-                  "base_seed", "torch_rng", "generators", "sampler_epoch"):
-            sd[k] = tr.pending[k]
+                  "base_seed", "torch_rng", "generators", "sampler_epoch", "order",
+                  "worker_states", "last_worker"):
+            sd[k] = tr.pending.get(k)
         return sd
     rec = tr.current
     if rec is None or rec.epoch != st.epoch:
@@ -268,22 +356,22 @@ def state_dict(loader) -> dict:
         "torch_rng": rec.torch_rng,
         "generators": rec.generators,
         "sampler_epoch": rec.sampler_epoch,
+        "order": rec.order,
+        "worker_states": tuple(sorted(rec.worker_states.items())),
+        "last_worker": rec.last_worker,
     })
     return sd
 
 
 def load_state_dict(loader, sd) -> None:
-    if not isinstance(sd, dict) or "version" not in sd:
-        raise StateMismatchError(
-            f"stoker: load_state_dict expects a dict made by stoker.DataLoader.state_dict(), got "
-            f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
-        )
-    if sd["version"] != VERSION:
-        raise StateMismatchError(
-            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
-            f"{VERSION}. Resume with the stoker release that saved it."
-        )
-    _check_fingerprint(sd["loader"], fingerprint(loader))
+    elastic = isinstance(sd, (list, tuple))
+    if elastic:  # the states of all ranks of a saved job (_elastic.py)
+        for one in sd:
+            _check_version(one)
+        sd = _elastic.merge(loader, sd)
+    _check_version(sd)
+    _check_distributed(sd, loader, elastic)
+    _check_fingerprint(sd["loader"], fingerprint(loader), elastic)
     tr = tracker(loader)
     st = state_of(loader)
     from ._recovery import key
@@ -299,13 +387,42 @@ def load_state_dict(loader, sd) -> None:
         _set_generators(loader, sd["generators_now"])
         return
     st.epoch = sd["epoch"] - 1  # the epoch that begins next is the saved one
-    tr.pending = {k: sd[k] for k in ("epoch", "finished", "position", "delivered_after",
-                                     "batches_yielded", "base_seed", "torch_rng", "generators",
-                                     "sampler_epoch")}
+    tr.pending = {k: sd.get(k) for k in ("epoch", "finished", "position", "delivered_after",
+                                         "batches_yielded", "base_seed", "torch_rng",
+                                         "generators", "sampler_epoch", "order",
+                                         "worker_states", "last_worker")}
     if sd["sampler_epoch"] is not None:
         s = _epoch_sampler(loader)
         if s is not None:
             s.set_epoch(sd["sampler_epoch"])
+
+
+def _check_version(sd) -> None:
+    if not isinstance(sd, dict) or "version" not in sd:
+        raise StateMismatchError(
+            f"stoker: load_state_dict expects a dict made by stoker.DataLoader.state_dict() (or "
+            f"a list of them, one per rank of a saved job), got "
+            f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
+        )
+    if sd["version"] != VERSION:
+        raise StateMismatchError(
+            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
+            f"{VERSION}. Resume with the stoker release that saved it."
+        )
+
+
+def _check_distributed(sd: dict, loader, elastic: bool) -> None:
+    saved, here = sd.get("distributed"), _elastic.describe(loader)
+    if elastic or saved is None or here is None:
+        return
+    if saved["num_replicas"] != here["num_replicas"]:
+        raise StateMismatchError(
+            f"stoker: this state was saved by rank {saved['rank']} of {saved['num_replicas']} "
+            f"ranks; this loader's DistributedSampler has {here['num_replicas']}. One rank's "
+            "state cannot say what the other ranks delivered: pass the states of all ranks of "
+            "the saved job, as a list, to load_state_dict (every rank loads the same list), "
+            "and stoker splits the rest of the epoch among the new ranks."
+        )
 
 
 # -- what must match ------------------------------------------------------------------------------
@@ -338,12 +455,16 @@ def fingerprint(loader) -> dict:
     }
 
 
-def _check_fingerprint(saved: dict, here: dict) -> None:
+def _check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
+    # Resized (elastic): each rank has another share of the epoch, so another number of batches.
+    ignore = ("batches_per_epoch",) if elastic else ()
     diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
-             for k in here if saved.get(k) != here.get(k)]
+             for k in here if k not in ignore and saved.get(k) != here.get(k)]
     if "num_workers" in (d.split(":")[0] for d in diffs):
         diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
-                     "depend on num_workers: resume it with the num_workers it was saved with)")
+                     "depend on num_workers, and a stateful one's state is saved per worker, "
+                     "each worker resuming its own state: resume it with the num_workers it "
+                     "was saved with)")
     if diffs:
         raise StateMismatchError(
             "stoker: this state was saved by a loader that orders its samples differently, so "
@@ -357,6 +478,26 @@ def _check_fingerprint(saved: dict, here: dict) -> None:
 def _qualname(obj) -> str:
     t = type(obj)
     return f"{t.__module__}.{t.__qualname__}"
+
+
+# -- a stateful IterableDataset in the main process (num_workers=0) ------------------------------
+def _fetcher_iterator(it):
+    """(the dataset's live iterator, a setter for it) in a one-process iterator's fetcher:
+    stoker's (``_PolicyFetcher``) or torch's own."""
+    f = it._dataset_fetcher
+    inner = getattr(f, "fetcher", None)
+    if inner is not None:
+        return inner.iterator, lambda i: setattr(inner, "iterator", i)
+    return getattr(f, "dataset_iter", None), lambda i: setattr(f, "dataset_iter", i)
+
+
+def _restore_here(it, dataset, payload) -> None:
+    if payload is None:
+        return
+    _iter_state.restore_dataset(dataset, payload)
+    fresh = iter(dataset)
+    _iter_state.restore_iterator(fresh, payload)
+    _fetcher_iterator(it)[1](fresh)
 
 
 # -- RNG states -----------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from ._protocol import (
     MSG_BATCH,
     MSG_END,
     MSG_ERROR,
+    MSG_ITER_STATE,
     MSG_RESUME,
     MSG_RESUMED,
     MSG_SKIPPED,
@@ -181,6 +182,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._stats = IterStats(self._board, self._set, self._opts["stall_notice"])
         self._recovery = Recovery(self._state, self._opts, n, self._kind == _worker.MAP)
+        self._recovery.stream_known = self._cursor.stream_known  # a stateful IterableDataset
         self._resetting = False
         self._restarted_in_reset: set = set()
         self._awaiting_resume: set = set()  # persistent workers asked to start a new epoch
@@ -207,6 +209,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             _worker.parent_pid_for(method),
             self._opts["on_error"], self._opts["max_retries"], self._board.token,
             self._opts["max_shared_memory"], self._shared_seed, self._seeder,
+            self._cursor.iter_states,  # a resumed stateful IterableDataset (_iter_state.py)
         )
 
     def _start(self, start) -> None:
@@ -259,6 +262,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._stats.new_epoch(self._state.epoch)
         self._recovery.new_epoch()
         self._tasks.reset()
+        self._cursor.first_worker(self._tasks)  # a resumed IterableDataset: whose turn it was
         if not first_iter:
             # Persistent workers: a new epoch. Results of the old one still in flight are dropped.
             self._resetting = True
@@ -268,7 +272,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                     # The new epoch, its base seed (per-sample seeding) and an IterDataPipe's
                     # shared seed. If it died, the wait below sees it.
                     self._set.send(w, MSG_RESUME, self._state.epoch, 0,
-                                   _protocol.encode_resume(self._base_seed, self._shared_seed))
+                                   _protocol.encode_resume(self._base_seed, self._shared_seed,
+                                                           self._cursor.iter_states.states))
                     waiting.add(w)
             while waiting:
                 ev = self._wait()
@@ -432,6 +437,12 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 continue
             _, worker_id, mtype, task, a, b, c, payload, pending = ev
             live = tasks.is_live(task)
+            if mtype == MSG_ITER_STATE:
+                if live:
+                    self._cursor.iter_state(task, worker_id, payload)
+                continue
+            if live and (mtype in (MSG_BATCH, MSG_ERROR) or (mtype == MSG_SKIPPED and a == 1)):
+                self._cursor.arrived(task, worker_id)  # the state a restart continues from
             if mtype == MSG_SKIPPED:
                 if live:  # a re-issued task's first attempt already reported its skips
                     for index, reason in _protocol.decode_error(payload):

@@ -134,7 +134,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def load_state_dict(self, state_dict: dict) -> None:
         """Makes the next iteration continue with the first batch the saved loader had not
         yielded (under any ``num_workers``); raises ``StateMismatchError`` naming what differs
-        when the state comes from a loader that orders samples differently."""
+        when the state comes from a loader that orders samples differently. With a
+        ``DistributedSampler``, a list of the states of all ranks of the saved job resumes on
+        another number of ranks: the rest of the epoch is split among them (_elastic.py)."""
         _checkpoint.load_state_dict(self, state_dict)
 
     def _get_iterator(self):

@@ -22,6 +22,7 @@ MSG_END = _stoker.MSG_END
 MSG_RESUMED = _stoker.MSG_RESUMED
 MSG_LOG_FILE = _stoker.MSG_LOG_FILE
 MSG_SKIPPED = _stoker.MSG_SKIPPED
+MSG_ITER_STATE = _stoker.MSG_ITER_STATE
 
 LOG_CRASH = _stoker.LOG_CRASH
 LOG_STDERR = _stoker.LOG_STDERR
@@ -54,12 +55,13 @@ def decode_index(fmt: int, payload: bytes):
     return pickle.loads(payload)
 
 
-def encode_resume(base_seed: int, shared_seed: int | None) -> bytes:
-    """What a new epoch's RESUME tells persistent workers (its number travels as the task)."""
-    return pickle.dumps((base_seed, shared_seed))
+def encode_resume(base_seed: int, shared_seed: int | None, iter_states=None) -> bytes:
+    """What a new epoch's RESUME tells persistent workers (its number travels as the task);
+    `iter_states`: {worker id: pickled state} of a stateful IterableDataset being resumed."""
+    return pickle.dumps((base_seed, shared_seed, iter_states or {}))
 
 
-def decode_resume(payload: bytes) -> tuple[int, int | None]:
+def decode_resume(payload: bytes) -> tuple[int, int | None, dict]:
     return pickle.loads(payload)
 
 

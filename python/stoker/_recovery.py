@@ -44,6 +44,9 @@ class Recovery:
         self._state = state  # the loader's _LoaderState: deaths, quarantine, skips
         self._opts = opts
         self._restartable = restartable  # map-style: a worker's work can be re-issued
+        # An IterableDataset: worker id -> whether a new worker can continue its stream (set
+        # by the iterator: _checkpoint.Cursor.stream_known).
+        self.stream_known = None
         budget = opts["max_restarts"]
         self.budget = 3 * num_workers if budget is None else budget
         self.new_epoch()
@@ -98,10 +101,12 @@ class Recovery:
                                 board)
         if self._opts["on_worker_death"] == "raise":
             raise crashed(death, indices, head)
-        if not self._restartable:
+        if not self._restartable and not (self.stream_known and self.stream_known(ex.worker_id)):
             raise crashed(death, indices,
                           f"{head}\nstoker cannot restart a worker of an IterableDataset without "
-                          "repeating or losing samples (its position in the stream died with it).")
+                          "repeating or losing samples (its position in the stream died with it)."
+                          " A dataset (or the iterator its __iter__ returns) with state_dict() "
+                          "and load_state_dict() is restarted from its state.")
         if self.restarts >= self.budget:
             history = "\n".join(f"  - {d}" for d in st.deaths if d.epoch == st.epoch)
             raise crashed(death, indices,

@@ -52,6 +52,8 @@ MSG_LOG_FILE: int = 18
 
 MSG_SKIPPED: int = 19
 
+MSG_ITER_STATE: int = 20
+
 MESSAGE_TYPES: dict = ...
 
 LOG_CRASH: int = 0

@@ -43,6 +43,10 @@ class TaskTable:
         self.per_worker = [0] * n  # torch's _workers_num_tasks
         self._cycle = itertools.cycle(range(n))
 
+    def rotate(self, first: int) -> None:
+        """The next worker picked is `first` (a resumed epoch continues the saved rotation)."""
+        self._cycle = itertools.cycle(list(range(first, self.num_workers)) + list(range(first)))
+
     # -- sending ---------------------------------------------------------------------------------
     def has_room(self) -> bool:
         return self.outstanding < self.max_tasks

@@ -18,7 +18,7 @@ import random
 import signal
 import sys
 
-from . import _collate, _fdpass, _protocol, _stoker
+from . import _collate, _fdpass, _iter_state, _protocol, _stoker
 from ._errors import EngineError, SharedMemoryLimitError
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher  # noqa: F401  (MAP re-exported)
 from ._protocol import (
@@ -27,6 +27,7 @@ from ._protocol import (
     MODE_CONVERT,
     MSG_END,
     MSG_ERROR,
+    MSG_ITER_STATE,
     MSG_RESUME,
     MSG_RESUMED,
     MSG_SKIPPED,
@@ -149,6 +150,7 @@ def worker_main(
     max_shared_memory: int | None = None,
     shared_seed: int | None = None,
     seeder=None,
+    iter_states=None,
 ) -> None:
     # Objects inherited from the parent are left alone by this worker's garbage collector: their
     # pages stay shared instead of being copied by the collector's writes (copy-on-read). Done
@@ -204,15 +206,42 @@ def worker_main(
         if seeder is not None:  # seed="per_sample": _seeding.py
             seeder(index)
 
-    def new_fetcher():
-        return Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)
+    def new_fetcher(restore=None):
+        # A resumed stateful IterableDataset (_iter_state.py): this worker's saved state back.
+        mine = restore.get(worker_id) if restore and kind == ITERABLE else None
+        _iter_state.restore_dataset(dataset, mine)
+        f = Fetcher(kind, dataset, auto_collation, drop_last, on_error, max_retries, on_sample)
+        if kind == ITERABLE:
+            _iter_state.restore_iterator(f.iterator, mine)
+        return f
+
+    def send_iter_state(task) -> bool:
+        """False when the state could not be taken (the task's outcome is then that error:
+        a batch whose state is lost could not be resumed after)."""
+        if kind != ITERABLE:
+            return True
+        try:
+            state = _iter_state.capture(dataset, fetcher.iterator)
+        except Exception as e:
+            err = RuntimeError(
+                f"stoker: the IterableDataset's state_dict() failed in worker {worker_id} "
+                f"({type(e).__name__}: {_protocol.safe_str(e)}). stoker takes it after every "
+                "batch so that a checkpoint can resume each worker's stream; make state_dict() "
+                "return a picklable dict, or remove state_dict/load_state_dict from the "
+                "dataset (resume then re-reads and drops the batches already received).")
+            err.__cause__ = e
+            endpoint.send(MSG_ERROR, task, 0, _error(err, worker_id, fetcher))
+            return False
+        if state is not None:  # before the task's outcome: the main process pairs them
+            endpoint.send(MSG_ITER_STATE, task, 0, state)
+        return True
 
     init_error = None
     fetcher = None
     try:
         if init_fn is not None:
             init_fn(worker_id)
-        fetcher = new_fetcher()
+        fetcher = new_fetcher(iter_states.states if iter_states is not None else None)
     except Exception as e:  # reported with the first task, as torch does
         init_error = e
 
@@ -229,7 +258,7 @@ def worker_main(
                 break
             if mtype == MSG_RESUME:
                 ended = False
-                base_seed, shared = _protocol.decode_resume(payload)
+                base_seed, shared, restore = _protocol.decode_resume(payload)
                 if shared is not None:  # an IterDataPipe: the new epoch's shuffle order
                     from ._torch_compat import with_shared_seed
 
@@ -239,7 +268,7 @@ def worker_main(
                     seeder.base_seed = base_seed
                 if init_error is None:
                     try:
-                        fetcher = new_fetcher()
+                        fetcher = new_fetcher(restore)
                     except Exception as e:
                         init_error = e
                 endpoint.send(MSG_RESUMED, task)
@@ -263,10 +292,20 @@ def worker_main(
                 endpoint.send(MSG_ERROR, task, 0, _error(StopIteration(), worker_id, fetcher))
                 continue
             except Dropped:
-                _report_skipped(endpoint, task, fetcher, dropped=True)
+                if send_iter_state(task):
+                    _report_skipped(endpoint, task, fetcher, dropped=True)
                 continue
             except Exception as e:
+                try:  # the user gets this error: the stream continues after it on resume
+                    state = _iter_state.capture(dataset, fetcher.iterator) if kind == ITERABLE \
+                        else None
+                except Exception:
+                    state = None
+                if state is not None:
+                    endpoint.send(MSG_ITER_STATE, task, 0, state)
                 endpoint.send(MSG_ERROR, task, 0, _error(e, worker_id, fetcher))
+                continue
+            if not send_iter_state(task):
                 continue
             _report_skipped(endpoint, task, fetcher, dropped=False)
             try:

@@ -38,7 +38,7 @@ constexpr std::pair<const char*, MessageType> kMessages[] = {
     {"ERROR", MessageType::kError},         {"END", MessageType::kEnd},
     {"RESUMED", MessageType::kResumed},     {"HELLO", MessageType::kHello},
     {"STATUS_PAGE", MessageType::kStatusPage}, {"LOG_FILE", MessageType::kLogFile},
-    {"SKIPPED", MessageType::kSkipped},
+    {"SKIPPED", MessageType::kSkipped},     {"ITER_STATE", MessageType::kIterState},
 };
 
 }  // namespace

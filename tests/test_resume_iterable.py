@@ -1,0 +1,115 @@
+"""Resuming an IterableDataset whose dataset or iterator is stateful (torchdata's Stateful
+protocol): each worker's state travels with its batches and goes back into the same worker, so
+the stream continues where it was, instead of being read again and dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+import stoker
+from resume_datasets import StatefulStream
+from stoker import StateMismatchError
+
+N, B = 40, 3
+
+
+def make(workers, where="iterator", **kw):
+    return stoker.DataLoader(StatefulStream(N, where), batch_size=B, num_workers=workers, **kw)
+
+
+def rows(batch):
+    """A batch as [(worker, item, reads), ...]."""
+    return [tuple(r) for r in zip(*(t.tolist() for t in batch))]
+
+
+def items(batches):
+    return [[(w, i) for w, i, _ in rows(b)] for b in batches]
+
+
+@pytest.mark.parametrize("where", ["iterator", "dataset"])
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (3, "spawn")])
+def test_each_worker_continues_from_its_own_state(where, workers, context):
+    ref = items(make(workers, where, multiprocessing_context=context))
+    loader = make(workers, where, multiprocessing_context=context, prefetch_factor=3
+                  if workers else None)
+    it = iter(loader)
+    got = items(next(it) for _ in range(5))
+    sd = loader.state_dict()
+    assert sd["worker_states"], sd  # captured, one per worker that delivered a batch
+    del it  # prefetched batches die with the job
+    again = make(workers, where, multiprocessing_context=context)
+    again.load_state_dict(sd)
+    rest = list(again)
+    got += items(rest)
+    assert got == ref  # nothing repeated or lost, in the uninterrupted order
+    # Restored, not replayed: each worker's first item after the resume is its first read.
+    first_reads = {}
+    for w, _, reads in (r for b in rest for r in rows(b)):
+        first_reads.setdefault(w, reads)
+    assert set(first_reads.values()) == {1}, first_reads
+    assert items(again) == ref  # the next epoch starts over
+
+
+def test_persistent_workers_take_the_loaded_state_with_the_new_epoch():
+    ref = items(make(2))
+    loader = make(2)
+    it = iter(loader)
+    got = items(next(it) for _ in range(4))
+    sd = loader.state_dict()
+    del it
+    live = make(2, persistent_workers=True)
+    assert len(list(live)) == len(ref)  # its workers are running, at the end of their streams
+    live.load_state_dict(sd)
+    assert got + items(live) == ref
+
+
+def test_another_num_workers_is_refused_and_says_why():
+    loader = make(2)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    with pytest.raises(StateMismatchError, match="its own state"):
+        make(3).load_state_dict(sd)
+
+
+def test_a_state_dict_that_fails_is_named_with_what_to_do():
+    from resume_datasets import StateFails
+
+    loader = stoker.DataLoader(StateFails(N, "dataset"), batch_size=B, num_workers=2)
+    with pytest.raises(Exception, match=r"state_dict\(\) failed in worker 0 \(ValueError: "
+                                        r"cannot serialise") as e:
+        next(iter(loader))
+    assert "remove state_dict" in str(e.value)
+
+
+def test_a_hugging_face_streaming_dataset_resumes_from_its_own_state():
+    datasets = pytest.importorskip("datasets", reason="datasets not installed (make test "
+                                   "installs it from tests/requirements-frameworks.txt)")
+    stream = datasets.Dataset.from_dict({"i": list(range(N))}).to_iterable_dataset(num_shards=4)
+
+    def make_hf():
+        return stoker.DataLoader(stream, batch_size=B, num_workers=2)
+
+    ref = [b["i"].tolist() for b in make_hf()]
+    loader = make_hf()
+    it = iter(loader)
+    got = [next(it)["i"].tolist() for _ in range(3)]
+    sd = loader.state_dict()
+    assert len(sd["worker_states"]) == 2  # datasets' own state_dict, one per worker
+    del it
+    again = make_hf()
+    again.load_state_dict(sd)
+    assert got + [b["i"].tolist() for b in again] == ref
+
+
+@pytest.mark.parametrize("where", ["iterator", "dataset"])
+def test_a_killed_worker_of_a_stateful_stream_restarts_from_its_state(tmp_path, where):
+    from resume_datasets import StreamKilledOnce
+
+    ref = items(make(2, where))
+    loader = stoker.DataLoader(StreamKilledOnce(N, 21, str(tmp_path), where), batch_size=B,
+                               num_workers=2)
+    got = items(loader)  # worker 1 dies in its 4th batch, after sending 3
+    assert (tmp_path / "killed-21").exists()
+    assert got == ref  # its replacement continued from its state: nothing repeated or lost
+    assert len(loader.deaths) == 1
