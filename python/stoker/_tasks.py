@@ -26,7 +26,10 @@ class End:
 class TaskTable:
     def __init__(self, num_workers: int, prefetch_factor: int, in_order: bool):
         self.num_workers = num_workers
-        self.max_tasks = prefetch_factor * num_workers
+        self.prefetch_factor = prefetch_factor
+        # Workers 0..limit-1 take tasks (num_workers="auto" changes it during the epoch;
+        # _autotune.py); torch's scheduling when limit == num_workers.
+        self.limit = num_workers
         self.in_order = in_order
         self.reset()
 
@@ -43,6 +46,10 @@ class TaskTable:
         self.per_worker = [0] * n  # torch's _workers_num_tasks
         self._cycle = itertools.cycle(range(n))
 
+    @property
+    def max_tasks(self) -> int:
+        return self.prefetch_factor * self.limit
+
     # -- sending ---------------------------------------------------------------------------------
     def has_room(self) -> bool:
         return self.outstanding < self.max_tasks
@@ -51,10 +58,10 @@ class TaskTable:
         """The next active worker, as torch picks it; None when none may take a task."""
         for _ in range(self.num_workers):
             w = next(self._cycle)
-            if self.active[w]:
+            if self.active[w] and w < self.limit:
                 if self.in_order:
                     return w
-                if self.per_worker[w] < self.max_tasks // sum(self.active):
+                if self.per_worker[w] < self.max_tasks // sum(self.active[:self.limit]):
                     return w
         return None
 
