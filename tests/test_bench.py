@@ -24,3 +24,18 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
             assert row["samples_per_s"] > 0 and row["main_cpu_ms_per_batch"] > 0
             assert row["pss_total_mb"] > 0
     assert "vs torch" in p.stdout and "stoker" in p.stdout
+
+
+def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
+    from stoker.bench import autotune
+
+    per = autotune.WINDOW * autotune.BATCH
+    # one batch a second for 20 batches, then ten a second
+    stamps = [float(i) for i in range(20)] + [19 + 0.1 * k for k in range(1, 41)]
+    # the 16-batch window runs at 16 batches a second or faster first at batch 20 + 16 + ...
+    got = autotune.batches_to_reach(stamps, 0.95 * per * 10 / autotune.WINDOW)
+    assert got is not None and 20 < got <= 60
+    window_end = got - 1
+    rate = per / (stamps[window_end] - stamps[window_end - autotune.WINDOW])
+    assert rate >= 0.95 * per * 10 / autotune.WINDOW
+    assert autotune.batches_to_reach(stamps[:20], 2.0 * autotune.BATCH) is None

@@ -8,6 +8,7 @@ the memory cgroup's (v2 ``memory.events``, v1 ``memory.oom_control``) and the ke
 
 from __future__ import annotations
 
+import math
 import os
 
 _V2_ROOT = "/sys/fs/cgroup"
@@ -107,3 +108,71 @@ def human_bytes(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def _cpu_quota(text: str | None) -> float | None:
+    """CPUs allowed by a v2 ``cpu.max`` ("quota period", or "max period")."""
+    parts = (text or "").split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[1]) > 0:
+        return int(parts[0]) / int(parts[1])
+    return None
+
+
+def cpu_quota() -> float | None:
+    """The CPUs this process's cgroup (and its ancestors) may use per second, from the CFS
+    quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``); None without one."""
+    text = _read(f"{_PROC}/self/cgroup") or ""
+    quotas = []
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            p = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
+            while p.startswith(_V2_ROOT):
+                q = _cpu_quota(_read(os.path.join(p, "cpu.max")))
+                if q is not None:
+                    quotas.append(q)
+                if p == _V2_ROOT:
+                    break
+                p = os.path.dirname(p)
+        elif "cpu" in controllers.split(","):
+            for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+                d = os.path.join(_V2_ROOT, name, path.lstrip("/"))
+                quota = (_read(os.path.join(d, "cpu.cfs_quota_us")) or "").strip()
+                period = (_read(os.path.join(d, "cpu.cfs_period_us")) or "").strip()
+                if quota.isdigit() and period.isdigit() and int(period) > 0:
+                    quotas.append(int(quota) / int(period))
+                    break
+    return min(quotas) if quotas else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by the cgroup's CPU quota (rounded
+    up: a quota of 2.5 CPUs keeps 3 workers busy part of the time); at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    q = cpu_quota()
+    if q is not None:
+        n = min(n, max(1, math.ceil(q - 1e-9)))
+    return max(1, n)
+
+
+def memory_headroom() -> tuple[int | None, int | None]:
+    """(bytes that may still be used before the limit, the limit): the cgroup's limit less its
+    usage, or the machine's MemAvailable and MemTotal without a cgroup limit."""
+    limit, usage = memory_limit_and_usage()
+    if limit is not None and usage is not None:
+        return max(0, limit - usage), limit
+    info = _read(f"{_PROC}/meminfo") or ""
+    avail = _keyed_kb(info, "MemAvailable:")
+    total = _keyed_kb(info, "MemTotal:")
+    return avail, total
+
+
+def _keyed_kb(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
+            return int(parts[1]) * 1024
+    return None

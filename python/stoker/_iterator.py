@@ -28,7 +28,7 @@ import weakref
 import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert
 
-from . import _board, _checkpoint, _enable, _protocol, _seeding, _torch_compat, _worker
+from . import _autotune, _board, _checkpoint, _enable, _protocol, _seeding, _torch_compat, _worker
 from ._errors import (
     BatchEncodingError,
     CollateError,
@@ -181,13 +181,16 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._set = WorkerSet(ctx, n, self._worker_args(ctx.get_start_method()), self._board)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._stats = IterStats(self._board, self._set, self._opts["stall_notice"])
+        self._tuner = self._measure = None
+        if self._opts.get("autotune") and self._kind == _worker.MAP and n > 1:
+            self._tuner, self._measure = _autotune.attach(self)
         self._recovery = Recovery(self._state, self._opts, n, self._kind == _worker.MAP)
         self._recovery.stream_known = self._cursor.stream_known  # a stateful IterableDataset
         self._resetting = False
         self._restarted_in_reset: set = set()
         self._awaiting_resume: set = set()  # persistent workers asked to start a new epoch
         try:
-            self._start(self._set.start_all)
+            self._start(lambda: self._set.start_all(self._tasks.limit))
             self._reset(loader, first_iter=True)
         except BaseException:
             self._shutdown_workers()
@@ -283,12 +286,15 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                     waiting.discard(ev[1])
             self._restarted_in_reset.clear()
             self._resetting = False
+            if self._measure is not None:  # the new epoch's counters start from zero
+                self._measure.restart(self._tasks.limit)
         for _ in range(self._tasks.max_tasks):
             self._try_put_index()
 
     def _try_put_index(self) -> None:
         t = self._tasks
-        assert t.has_room()
+        if not t.has_room():  # num_workers="auto" just retired a worker: fewer tasks in flight
+            return
         try:
             index = self._next_index()
         except StopIteration:
@@ -472,6 +478,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._stats.asking()
         batch = super().__next__()
         self._stats.yielded_one()
+        if self._measure is not None and self._measure.due():
+            _autotune.tune(self)
         return batch
 
     def _next_data(self):
@@ -546,7 +554,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     # -- observing (any thread) ------------------------------------------------------------------
     def stats(self) -> dict:
-        return self._stats.snapshot()
+        out = self._stats.snapshot()
+        if self._tuner is not None:
+            out["autotune"] = self._tuner.snapshot()
+        return out
 
     # -- shutdown (any thread) -------------------------------------------------------------------
     def _shutdown_workers(self) -> None:

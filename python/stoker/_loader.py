@@ -13,6 +13,7 @@ from typing import TypeVar
 import torch.utils.data
 
 from . import _checkpoint, _options, _seeding
+from ._autotune import resolve_num_workers
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
 from ._options import options_of, state_of
@@ -52,13 +53,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         stall_notice=0.5,
         max_shared_memory="auto",
         seed=None,
+        autotune=False,
     ):
+        # num_workers="auto": torch checks for an int, so the bound goes to torch and the
+        # iterator tunes how many of those workers take tasks (_autotune.py).
+        if num_workers == "auto":
+            num_workers, autotune = resolve_num_workers(num_workers), True
         options = _options.check({
             "on_worker_death": on_worker_death, "max_restarts": max_restarts,
             "on_error": on_error, "max_retries": max_retries,
             "quarantine_after": quarantine_after, "hang_timeout": hang_timeout,
             "stall_notice": stall_notice, "max_shared_memory": max_shared_memory,
-            "seed": seed,
+            "seed": seed, "autotune": autotune,
         })
         # Keywords only: a framework that wraps DataLoader.__init__ (Lightning records the
         # arguments to re-create loaders) sees each argument under its name.

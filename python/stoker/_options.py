@@ -22,6 +22,10 @@ DEFAULTS = {
     "stall_notice": 0.5,
     "max_shared_memory": "auto",
     "seed": None,
+    # num_workers="auto" sets it: num_workers is then the most workers, and the iterator tunes
+    # how many of them take tasks (_autotune.py). A framework re-creating the loader from its
+    # attributes passes num_workers (the bound) and autotune back, and keeps the tuning.
+    "autotune": False,
 }
 NAMES = tuple(DEFAULTS)
 
@@ -56,6 +60,8 @@ def check(options: dict) -> dict:
     v = o.get("hang_timeout")
     if v is not None and not (isinstance(v, (int, float)) and v > 0):
         raise ValueError(f"hang_timeout must be None or > 0 seconds, got {v!r}")
+    if "autotune" in o and not isinstance(o["autotune"], bool):
+        raise ValueError(f"autotune must be True or False, got {o['autotune']!r}")
     v = o.get("stall_notice")
     if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= 1):
         raise ValueError(f"stall_notice must be None or a share of time in [0, 1], got {v!r}")

@@ -25,6 +25,9 @@ class LoaderState:
     # Who served the latest multi-process iterator: "stoker.DataLoader", "stoker.enable()", or
     # None (torch's own iterator, or none yet). stats() and the first iterator's log line say it.
     served_by: str | None = None
+    # num_workers="auto": the tuner's latest state (stats() after the epoch; the next iterator
+    # starts from its count of active workers).
+    autotune: dict | None = None
 
     def record_skip(self, rec: SkippedSample) -> None:
         """Keeps the record; logs each index once, however many epochs skip it."""
@@ -61,6 +64,8 @@ def stats_of(loader) -> dict:
     live = it.stats() if it is not None else {
         "workers": [], "batches_yielded": 0, "seconds_waiting_for_data": 0.0,
         "data_stall": 0.0, "memory": {}}
+    if "autotune" not in live and st.autotune is not None:
+        live["autotune"] = st.autotune
     live.update({
         "loader": f"{type(loader).__module__}.{type(loader).__qualname__}",
         "served_by": st.served_by,

@@ -26,7 +26,10 @@ class End:
 class TaskTable:
     def __init__(self, num_workers: int, prefetch_factor: int, in_order: bool):
         self.num_workers = num_workers
-        self.max_tasks = prefetch_factor * num_workers
+        self.prefetch_factor = prefetch_factor
+        # Workers 0..limit-1 take tasks (num_workers="auto" changes it during the epoch;
+        # _autotune.py); torch's scheduling when limit == num_workers.
+        self.limit = num_workers
         self.in_order = in_order
         self.reset()
 
@@ -47,6 +50,10 @@ class TaskTable:
         """The next worker picked is `first` (a resumed epoch continues the saved rotation)."""
         self._cycle = itertools.cycle(list(range(first, self.num_workers)) + list(range(first)))
 
+    @property
+    def max_tasks(self) -> int:
+        return self.prefetch_factor * self.limit
+
     # -- sending ---------------------------------------------------------------------------------
     def has_room(self) -> bool:
         return self.outstanding < self.max_tasks
@@ -55,10 +62,10 @@ class TaskTable:
         """The next active worker, as torch picks it; None when none may take a task."""
         for _ in range(self.num_workers):
             w = next(self._cycle)
-            if self.active[w]:
+            if self.active[w] and w < self.limit:
                 if self.in_order:
                     return w
-                if self.per_worker[w] < self.max_tasks // sum(self.active):
+                if self.per_worker[w] < self.max_tasks // sum(self.active[:self.limit]):
                     return w
         return None
 

@@ -143,10 +143,12 @@ class WorkerSet:
     def has(self, worker_id: int) -> bool:
         return self._sup.has_worker(worker_id)
 
-    def start_all(self) -> None:
+    def start_all(self, count: int | None = None) -> None:
+        """Starts workers 0..count-1 (all of them by default; num_workers="auto" starts the
+        others when it needs them)."""
         if self._method == "fork":
             self._warn_other_threads()
-        for w in range(self._num_workers):
+        for w in range(self._num_workers if count is None else count):
             self.start(w)
 
     def _warn_other_threads(self) -> None:

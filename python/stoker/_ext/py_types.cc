@@ -16,7 +16,8 @@ PyTypes& Types() {
         nb::object torch = nb::module_::import_("torch");
         t->torch_tensor = torch.attr("Tensor").ptr();
         Py_INCREF(t->torch_tensor);
-        t->torch_from_dlpack = nb::module_::import_("torch.utils.dlpack").attr("from_dlpack");
+        nb::object torch_c = torch.attr("_C");
+        if (nb::hasattr(torch_c, "_from_dlpack")) t->torch_from_dlpack = torch_c.attr("_from_dlpack");
         t->torch_strided = torch.attr("strided").ptr();
         Py_INCREF(t->torch_strided);
         // The wire's dtype names are torch's (DTypeName), so the table is built from them.

@@ -138,7 +138,29 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary as JSON")
     ap.add_argument("--plot", metavar="FILE.png",
                     help="also sweep num_workers 1..4 on 'image' and plot throughput")
+    ap.add_argument("--autotune", action="store_true",
+                    help="only the autotune scenario: fixed num_workers 1..CPUs against 'auto'")
+    ap.add_argument("--autotune-batches", type=int, default=160,
+                    help="batches per run of the autotune scenario")
+    ap.add_argument("--main-cost", action="store_true",
+                    help="only the main process's own CPU per batch and per tensor")
     args = ap.parse_args(argv)
+    if args.main_cost:
+        from . import main_cost
+
+        result = main_cost.main()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
+    if args.autotune:
+        from . import autotune
+
+        result = autotune.main(args.autotune_batches)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:

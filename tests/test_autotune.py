@@ -1,0 +1,223 @@
+"""num_workers="auto": the bound from usable CPUs, the tuner's decisions on synthetic
+measurements, and a live loader whose count of active workers changes without changing which
+samples come, their order or (per-sample seeding) their values."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+import torch
+
+import stoker
+from stoker import _autotune, _cgroup
+
+GiB = 1 << 30
+
+
+def _write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def fake_tree(tmp_path, monkeypatch):
+    monkeypatch.setattr(_cgroup, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(_cgroup, "_V2_ROOT", str(tmp_path / "cg"))
+    monkeypatch.setattr(_cgroup, "_V1_ROOT", str(tmp_path / "cg" / "memory"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    return tmp_path
+
+
+# -- the bound ---------------------------------------------------------------------------------
+def test_cpu_quota_v2_the_tightest_ancestor_rounded_up(fake_tree):
+    _write(str(fake_tree / "proc" / "self" / "cgroup"), "0::/jobs/train\n")
+    _write(str(fake_tree / "cg" / "jobs" / "train" / "cpu.max"), "max 100000\n")
+    _write(str(fake_tree / "cg" / "jobs" / "cpu.max"), "250000 100000\n")
+    assert _cgroup.cpu_quota() == 2.5
+    assert _cgroup.usable_cpus() == 3  # affinity 8, quota 2.5
+
+
+def test_cpu_quota_v1(fake_tree):
+    _write(str(fake_tree / "proc" / "self" / "cgroup"), "3:cpu,cpuacct:/docker/abc\n")
+    d = fake_tree / "cg" / "cpu,cpuacct" / "docker" / "abc"
+    _write(str(d / "cpu.cfs_quota_us"), "150000\n")
+    _write(str(d / "cpu.cfs_period_us"), "100000\n")
+    assert _cgroup.cpu_quota() == 1.5
+    assert _cgroup.usable_cpus() == 2
+
+
+def test_no_quota_the_affinity_and_a_tiny_quota_still_one(fake_tree):
+    _write(str(fake_tree / "proc" / "self" / "cgroup"), "0::/\n")
+    _write(str(fake_tree / "cg" / "cpu.max"), "max 100000\n")
+    assert _cgroup.cpu_quota() is None
+    assert _cgroup.usable_cpus() == 8
+    _write(str(fake_tree / "cg" / "cpu.max"), "10000 100000\n")  # a tenth of a CPU
+    assert _cgroup.usable_cpus() == 1
+
+
+def test_auto_resolves_within_one_and_usable_cpus():
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return i
+
+    dl = stoker.DataLoader(DS(), num_workers="auto")
+    assert 1 <= dl.num_workers <= len(os.sched_getaffinity(0))
+    assert dl.num_workers == _cgroup.usable_cpus()
+    assert dl.autotune is True
+    assert stoker.DataLoader(DS(), num_workers=2).autotune is False
+
+
+# -- the tuner, on synthetic measurements ----------------------------------------------------------
+def _window(stall=0.0, busy=0.0, main_cpu=1.0, worker_cpu=0.0, cpus=8, rss=100 << 20,
+            headroom=None, limit=None):
+    return _autotune.Window(seconds=1.0, waited_s=stall, main_cpu_s=main_cpu,
+                            worker_cpu_s=worker_cpu, worker_busy_s=busy, usable_cpus=cpus,
+                            worker_rss=rss, slot_bytes_per_worker=0, memory_headroom=headroom,
+                            memory_limit=limit)
+
+
+def _run(tuner, windows):
+    return [tuner.decide(w, batch) for batch, w in enumerate(windows)]
+
+
+def test_a_stalled_loop_with_free_cores_gains_workers_up_to_the_bound():
+    t = _autotune.Tuner(bound=4, initial=1)
+    counts = _run(t, [_window(stall=0.6, busy=t_busy, worker_cpu=t_busy)
+                      for t_busy in (1.0,) * 10])
+    # one more every other window (the window after a change is not judged), never past 4
+    assert counts == [2, 2, 3, 3, 4, 4, 4, 4, 4, 4]
+    assert "waited for data 60%" in t.reason
+    assert [d.active for d in t.decisions] == [1, 2, 3, 4]
+
+
+def test_no_worker_added_without_a_free_core():
+    t = _autotune.Tuner(bound=8, initial=3)
+    # the main process takes 2 cores, 3 workers take 3: 0.5 of 4 CPUs left
+    counts = _run(t, [_window(stall=0.5, main_cpu=2.0, worker_cpu=1.5, cpus=4)] * 5)
+    assert counts == [3] * 5
+
+
+def test_memory_budget_is_respected():
+    t = _autotune.Tuner(bound=8, initial=2)
+    # 3 GiB of headroom under a 8 GiB limit, 2.5 GiB per worker: one more would leave 0.5 GiB,
+    # under the 10% margin
+    w = _window(stall=0.9, rss=int(2.5 * GiB), headroom=3 * GiB, limit=8 * GiB)
+    assert _run(t, [w] * 4) == [2] * 4
+    assert "memory limit" in t.reason and "not adding" in t.reason
+    # with room for it, the same stall adds one
+    assert t.decide(_window(stall=0.9, rss=int(2.5 * GiB), headroom=6 * GiB, limit=8 * GiB),
+                    9) == 3
+
+
+def test_idle_workers_are_retired_after_two_quiet_windows_and_not_when_busy():
+    t = _autotune.Tuner(bound=8, initial=6)
+    # no stall, 6 workers busy 2 worker-seconds per second: 5 suffice (0.4 each)
+    assert _run(t, [_window(stall=0.0, busy=2.0)] * 3) == [6, 5, 5]
+    assert "5 suffice" in t.reason
+    busy = _autotune.Tuner(bound=8, initial=4)
+    # 4 workers busy 3.5 worker-seconds per second: 3 would be over RETIRE_FIT each
+    assert _run(busy, [_window(stall=0.0, busy=3.5)] * 6) == [4] * 6
+    one = _autotune.Tuner(bound=8, initial=1)
+    assert _run(one, [_window(stall=0.0, busy=0.0)] * 4) == [1] * 4
+
+
+# -- a live loader -----------------------------------------------------------------------------------
+class SlowRandom(torch.utils.data.Dataset):
+    """Slow samples whose value is drawn from torch's generator (per-sample seeding fixes it)."""
+
+    def __len__(self):
+        return 240
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def _epoch(dl):
+    return torch.cat(list(dl))
+
+
+def test_a_slow_dataset_gains_workers_and_delivers_every_sample_once_in_order(monkeypatch):
+    monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
+    dl = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers="auto", seed="per_sample")
+    assert dl.num_workers == 4
+    torch.manual_seed(7)
+    got = _epoch(dl)
+    assert got[:, 0].tolist() == list(range(240))
+    auto = dl.stats()["autotune"]
+    assert auto["max_workers"] == 4
+    assert auto["decisions"][0]["active"] == 2
+    assert auto["active_workers"] > 2, auto  # the loop waited for data: workers were added
+    torch.manual_seed(7)
+    fixed = _epoch(stoker.DataLoader(SlowRandom(), batch_size=2, num_workers=2,
+                                     seed="per_sample"))
+    assert torch.equal(got, fixed)  # the same values, whichever worker loaded them
+
+
+def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypatch):
+    """A tuner that changes its mind at every window (1, 3, 2, 4, ...), persistent workers, two
+    epochs: each epoch has every sample once, in the sampler's order, with the values a fixed
+    num_workers gives."""
+    monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+    script = itertools.cycle([1, 3, 2, 4])
+    seen = []
+
+    def decide(self, window, batch):
+        self.active = next(script)
+        seen.append(self.active)
+        return self.active
+
+    monkeypatch.setattr(_autotune.Tuner, "decide", decide)
+    dl = stoker.DataLoader(SlowRandom(), batch_size=3, num_workers="auto", seed="per_sample",
+                           persistent_workers=True, shuffle=True)
+    torch.manual_seed(3)
+    epochs = [_epoch(dl), _epoch(dl)]
+    assert len(set(seen)) == 4 and len(seen) > 20
+    torch.manual_seed(3)
+    fixed = stoker.DataLoader(SlowRandom(), batch_size=3, num_workers=3, seed="per_sample",
+                              persistent_workers=True, shuffle=True)
+    for got, want in zip(epochs, [_epoch(fixed), _epoch(fixed)]):
+        assert sorted(got[:, 0].tolist()) == list(range(240))
+        assert torch.equal(got, want)
+    assert dl.stats()["autotune"]["max_workers"] == 4
+
+
+def test_deaths_while_the_count_changes_are_survived_in_order(script):
+    """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes the
+    count at every window, persistent workers over two epochs: every index once, in the
+    sampler's order, three deaths, no worker left behind."""
+    r = script("""
+import itertools, os, tempfile, torch, stoker
+from stoker import _autotune, _cgroup
+from scenario_datasets import KillsOnceAt
+_cgroup.usable_cpus = lambda: 3
+_autotune.WINDOW_S = 0.0
+script = itertools.cycle([1, 3, 2])
+def decide(self, window, batch):
+    self.active = next(script)
+    return self.active
+_autotune.Tuner.decide = decide
+loader = stoker.DataLoader(KillsOnceAt(bad=[5, 37, 90], marks=tempfile.mkdtemp(), n=120),
+                           batch_size=4, shuffle=True, num_workers="auto",
+                           persistent_workers=True, generator=torch.Generator().manual_seed(1))
+ref = stoker.DataLoader(KillsOnceAt(bad=[], marks="", n=120), batch_size=4, shuffle=True,
+                        num_workers=2, persistent_workers=True,
+                        generator=torch.Generator().manual_seed(1))
+for epoch in range(2):
+    got = [b[1].tolist() for b in loader]
+    assert got == [b[1].tolist() for b in ref], epoch
+assert len(loader.deaths) == 3, loader.deaths
+assert {d.index for d in loader.deaths} == {5, 37, 90}, loader.deaths
+del loader
+import gc; gc.collect()
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
