@@ -31,6 +31,10 @@ CHECK_EVERY_S = 0.1
 # A worker with work queued that has not started it for this long is named (stall notice,
 # stats(), one log line); with hang_timeout it is handled as a hang once that passes.
 NOT_TAKING_WORK_S = 5.0
+# hang_timeout bounds one sample, not a start-up: a worker that is still starting (importing
+# torch under spawn on a busy machine, a slow worker_init_fn) is only killed as stuck after this
+# long (unless the kernel says it is stopped).
+STARTUP_GRACE_S = 60.0
 _BUSY = ("loading", "collating", "encoding")
 
 
@@ -293,7 +297,11 @@ class WorkerSet:
             if waiting is None:
                 self._stuck.pop(w, None)
                 continue
-            if hang_timeout is not None and waiting.seconds > hang_timeout:
+            limit = hang_timeout
+            if limit is not None and not waiting.stopped and waiting.state in ("starting",
+                                                                               "not started"):
+                limit = max(limit, STARTUP_GRACE_S)
+            if limit is not None and waiting.seconds > limit:
                 self._stuck[w] = waiting
                 self._kill_hung(w, None, waiting.seconds)
             elif waiting.seconds > NOT_TAKING_WORK_S or (waiting.stopped and waiting.seconds > 1):

@@ -254,3 +254,18 @@ assert [d.index for d in loader.deaths] == ["k9", "k9"], loader.deaths
 print("OK")
 """, timeout=90)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_slow_start_up_is_not_killed_as_a_hang(script):
+    # hang_timeout bounds one sample: a worker_init_fn that takes longer than it is not a hang.
+    r = script(SETUP + """
+import time
+def init(worker_id):
+    time.sleep(6)
+loader = stoker.DataLoader(Squares(16), batch_size=4, num_workers=2, hang_timeout=2,
+                           worker_init_fn=init)
+assert labels(list(loader)) == list(range(16))
+assert not loader.deaths, loader.deaths
+print("OK")
+""", timeout=90)
+    assert "OK" in r.stdout, r.stdout + r.stderr
