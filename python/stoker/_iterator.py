@@ -262,6 +262,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if self._seeder is not None:  # workers (re)started from now on get this epoch
             self._seeder.epoch = self._state.epoch
             self._seeder.base_seed = self._base_seed
+        # Workers started from now on (restarts) get this epoch's seeds.
+        self._set.worker_args = self._worker_args(self._set._method)
         self._stats.new_epoch(self._state.epoch)
         self._recovery.new_epoch()
         self._tasks.reset()

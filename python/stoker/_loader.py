@@ -8,6 +8,7 @@ stoker's supervised multi-process iterator.
 
 from __future__ import annotations
 
+import copy
 from typing import TypeVar
 
 import torch.utils.data
@@ -98,6 +99,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         d = dict(self.__dict__)
         d["_iterator"] = None
         d["_stoker_state"] = state_of(self).copy()
+        if "_stoker_resume" in d:  # the checkpoint tracker (_checkpoint.py): the copy's own
+            d["_stoker_resume"] = copy.deepcopy(d["_stoker_resume"])
         return d
 
     def __setstate__(self, d):

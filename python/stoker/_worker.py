@@ -257,6 +257,9 @@ def worker_main(
             if mtype == MSG_STOP:
                 break
             if mtype == MSG_RESUME:
+                # A new epoch may take a while (iter() of a stream, a restored state): "starting"
+                # tells the main process this worker has taken its message and is busy with it.
+                endpoint.enter(_stoker.STATE_STARTING, task_box[0], None)
                 ended = False
                 base_seed, shared, restore = _protocol.decode_resume(payload)
                 if shared is not None:  # an IterDataPipe: the new epoch's shuffle order

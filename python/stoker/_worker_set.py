@@ -114,14 +114,17 @@ class WorkerSet:
         self._ctx = ctx
         self._method = ctx.get_start_method()
         self._num_workers = num_workers
-        self._worker_args = worker_args
+        self.worker_args = worker_args  # the iterator refreshes them each epoch (seeds)
         self._board = board
         self._lock = threading.RLock()
         self._sup = _stoker.Supervisor()
         _fdpass.register_supervisor(self._sup)
         self._procs: list = [None] * num_workers  # the live process of each worker id
-        self._all_procs: list = []  # every process started, as torch's iterator keeps them
+        # The latest process of each worker id, live or ended, as torch's iterator keeps them
+        # (a restart replaces it, so a long job with restarts holds no growing list).
+        self._last_procs: list = [None] * num_workers
         self._started_at = [0.0] * num_workers
+        self._last_send = [0.0] * num_workers  # when a message last went to each worker
         self._leaving: set[int] = set()  # told to exit: their exit is no error
         self._hung: dict[int, tuple] = {}  # worker -> (index, seconds, stack) when we killed it
         self._stuck: dict[int, Stuck] = {}
@@ -134,11 +137,11 @@ class WorkerSet:
     # -- processes -------------------------------------------------------------------------------
     @property
     def processes(self) -> list:
-        """Every worker process started (multiprocessing.Process: ``.pid``, ``.is_alive()``,
-        ``.join()``), in start order, as torch's iterator keeps them in ``_workers``: ended ones
-        stay listed. A copy, so a reader in another thread never sees it change."""
+        """The latest process of each worker (multiprocessing.Process: ``.pid``, ``.is_alive()``,
+        ``.join()``), by worker id, as torch's iterator keeps them in ``_workers``: ended ones
+        stay listed until a restart replaces them. A copy, so a reader in another thread never sees it change."""
         with self._lock:
-            return list(self._all_procs)
+            return [p for p in self._last_procs if p is not None]
 
     def pid(self, worker_id: int):
         p = self._procs[worker_id]
@@ -173,7 +176,7 @@ class WorkerSet:
         try:
             proc = self._ctx.Process(
                 target=_worker.worker_main,
-                args=(_fdpass.ChannelFd(child_end), worker_id) + self._worker_args,
+                args=(_fdpass.ChannelFd(child_end), worker_id) + self.worker_args,
                 daemon=True,
             )
             proc.start()
@@ -187,7 +190,7 @@ class WorkerSet:
         with self._lock:
             self._sup.add_worker(worker_id, main_end, proc.pid)
             self._procs[worker_id] = proc
-            self._all_procs.append(proc)
+            self._last_procs[worker_id] = proc
             self._started_at[worker_id] = time.monotonic()
             self._stuck.pop(worker_id, None)
             self._noted_stuck.discard(worker_id)
@@ -218,11 +221,14 @@ class WorkerSet:
     # -- messages --------------------------------------------------------------------------------
     def send(self, worker_id: int, mtype: int, task: int, a: int = 0, payload: bytes = b"") -> bool:
         """False when the worker is gone (its death is reported by the next wait)."""
+        # Stamped before sending: a worker that takes the message enters its next state after it.
+        sent_at = time.monotonic()
         try:
             self._sup.send(worker_id, mtype, task, a, payload)
-            return True
         except EngineError:
             return False
+        self._last_send[worker_id] = sent_at
+        return True
 
     def wait(self, timeout_s):
         """The next message ``("message", worker, type, task, a, b, c, payload, pending)``, an
@@ -290,7 +296,13 @@ class WorkerSet:
             stopped = _proc_state(pid) in ("T", "t")
             if st is not None and st["state"] in _BUSY and not stopped:
                 self._stuck.pop(w, None)
-                if hang_timeout is not None and st["state_seconds"] > hang_timeout:
+                limit = hang_timeout
+                if limit is not None and st["state"] == "encoding":
+                    # Writing a batch takes milliseconds; a long stay here is the worker waiting
+                    # for the user to free shared memory (max_shared_memory), which ends in
+                    # SharedMemoryLimitError after its own patience, not a hang.
+                    limit = max(limit, 2 * _worker.SHARED_MEMORY_PATIENCE_S)
+                if limit is not None and st["state_seconds"] > limit:
                     self._kill_hung(w, st["index"], st["state_seconds"])
                 continue
             waiting = self._not_taking_work(w, pid, st, stopped, queued.get(w, 0), now)
@@ -315,13 +327,25 @@ class WorkerSet:
                                 "their work.", waiting.describe())
 
     def _not_taking_work(self, w, pid, st, stopped, queued, now):
-        """A Stuck when `w` has work queued and has not started it (or is stopped mid-way)."""
+        """A Stuck when `w` has a message it has not taken (a task, a new epoch) or is stopped.
+
+        A worker takes a message the moment it is idle (it enters "idle", then reads its
+        channel), so one that entered its current idle or starting state *after* the last message
+        went to it has taken everything, however long it has idled since (the training loop may
+        have paused for an evaluation: results waiting in the channel are not work). One that
+        went idle before the last message and is still idle has not read it: it has been stuck
+        at least since that message was sent."""
         if queued == 0:
             return None
-        if st is None:
-            seconds = now - self._started_at[w]
-        elif st["state"] in ("idle", "starting") or stopped:
-            seconds = st["state_seconds"]
+        if stopped:
+            seconds = st["state_seconds"] if st is not None else now - self._started_at[w]
+        elif st is None or st["state"] in ("idle", "starting"):
+            # (a clock read after the status read: never earlier than the true entry time)
+            entered = (time.monotonic() - st["state_seconds"] if st is not None
+                       else self._started_at[w])
+            if entered >= self._last_send[w]:
+                return None
+            seconds = now - self._last_send[w]
         else:
             return None
         if seconds <= 0.5:

@@ -269,3 +269,26 @@ assert not loader.deaths, loader.deaths
 print("OK")
 """, timeout=90)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_pause_in_the_training_loop_is_not_a_hang(script):
+    # An evaluation or a checkpoint save longer than hang_timeout, mid-epoch and between epochs:
+    # idle workers whose results wait in their channels are healthy, not stuck.
+    r = script(SETUP + """
+import time, logging
+logging.basicConfig()
+loader = stoker.DataLoader(Squares(32), batch_size=4, num_workers=2, hang_timeout=1,
+                           persistent_workers=True)
+for epoch in range(2):
+    got = []
+    for i, b in enumerate(loader):
+        got.append(b)
+        if i == 2:
+            time.sleep(3)
+    assert labels(got) == list(range(32)), labels(got)
+    time.sleep(3)
+assert not loader.deaths, loader.deaths
+print("OK")
+""", timeout=90)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+    assert "without starting them" not in r.stderr, r.stderr

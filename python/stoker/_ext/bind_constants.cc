@@ -60,6 +60,7 @@ void register_constants(nb::module_& m) {
     states.append(WorkerStateName(static_cast<uint64_t>(s)));
   }
   m.attr("WORKER_STATES") = nb::tuple(states);
+  m.attr("STATE_STARTING") = static_cast<int>(WorkerState::kStarting);
   m.attr("STATE_IDLE") = static_cast<int>(WorkerState::kIdle);
   m.attr("STATE_FETCHING") = static_cast<int>(WorkerState::kFetching);
   m.attr("STATE_COLLATING") = static_cast<int>(WorkerState::kCollating);
