@@ -97,8 +97,9 @@ def _proc_state(pid) -> str:
 
 
 # Threads that hold no lock a forked child could need: multiprocessing's queue feeders (left by
-# torch's own DataLoader, for one) reset their state after a fork.
-_FORK_SAFE_THREADS = ("QueueFeederThread",)
+# torch's own DataLoader, for one) reset their state after a fork; tqdm's monitor sleeps between
+# brief checks of its bars (every progress-bar user has one: a warning there would be noise).
+_FORK_SAFE_THREADS = ("QueueFeederThread", "tqdm_monitor")
 
 
 def _other_threads() -> list[str]:
