@@ -67,3 +67,21 @@ def start_running_loader(context=None):
     line = proc.stdout.readline()
     assert line.startswith("PIDS"), line + proc.stderr.read()
     return proc, [int(x) for x in line.split()[1:]]
+
+
+def write_file(path: str, text: str) -> None:
+    """Writes `text` to `path`, making its folders (fake /proc and /sys trees)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def cgroup_tree(tmp_path, monkeypatch):
+    """An empty fake /proc and cgroup tree that stoker's _cgroup reads instead of the real one."""
+    from stoker import _cgroup
+
+    monkeypatch.setattr(_cgroup, "_PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(_cgroup, "_V2_ROOT", str(tmp_path / "cg"))
+    monkeypatch.setattr(_cgroup, "_V1_ROOT", str(tmp_path / "cg" / "memory"))
+    return tmp_path

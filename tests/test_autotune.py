@@ -12,50 +12,42 @@ import pytest
 import torch
 
 import stoker
+from conftest import write_file
 from stoker import _autotune, _cgroup
 
 GiB = 1 << 30
 
 
-def _write(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-
-
 @pytest.fixture
-def fake_tree(tmp_path, monkeypatch):
-    monkeypatch.setattr(_cgroup, "_PROC", str(tmp_path / "proc"))
-    monkeypatch.setattr(_cgroup, "_V2_ROOT", str(tmp_path / "cg"))
-    monkeypatch.setattr(_cgroup, "_V1_ROOT", str(tmp_path / "cg" / "memory"))
+def fake_tree(cgroup_tree, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    return tmp_path
+    return cgroup_tree
 
 
 # -- the bound ---------------------------------------------------------------------------------
 def test_cpu_quota_v2_the_tightest_ancestor_rounded_up(fake_tree):
-    _write(str(fake_tree / "proc" / "self" / "cgroup"), "0::/jobs/train\n")
-    _write(str(fake_tree / "cg" / "jobs" / "train" / "cpu.max"), "max 100000\n")
-    _write(str(fake_tree / "cg" / "jobs" / "cpu.max"), "250000 100000\n")
+    write_file(str(fake_tree / "proc" / "self" / "cgroup"), "0::/jobs/train\n")
+    write_file(str(fake_tree / "cg" / "jobs" / "train" / "cpu.max"), "max 100000\n")
+    write_file(str(fake_tree / "cg" / "jobs" / "cpu.max"), "250000 100000\n")
     assert _cgroup.cpu_quota() == 2.5
     assert _cgroup.usable_cpus() == 3  # affinity 8, quota 2.5
 
 
 def test_cpu_quota_v1(fake_tree):
-    _write(str(fake_tree / "proc" / "self" / "cgroup"), "3:cpu,cpuacct:/docker/abc\n")
+    write_file(str(fake_tree / "proc" / "self" / "cgroup"), "3:cpu,cpuacct:/docker/abc\n")
     d = fake_tree / "cg" / "cpu,cpuacct" / "docker" / "abc"
-    _write(str(d / "cpu.cfs_quota_us"), "150000\n")
-    _write(str(d / "cpu.cfs_period_us"), "100000\n")
+    write_file(str(d / "cpu.cfs_quota_us"), "150000\n")
+    write_file(str(d / "cpu.cfs_period_us"), "100000\n")
     assert _cgroup.cpu_quota() == 1.5
     assert _cgroup.usable_cpus() == 2
 
 
 def test_no_quota_the_affinity_and_a_tiny_quota_still_one(fake_tree):
-    _write(str(fake_tree / "proc" / "self" / "cgroup"), "0::/\n")
-    _write(str(fake_tree / "cg" / "cpu.max"), "max 100000\n")
+    write_file(str(fake_tree / "proc" / "self" / "cgroup"), "0::/\n")
+    write_file(str(fake_tree / "cg" / "cpu.max"), "max 100000\n")
     assert _cgroup.cpu_quota() is None
     assert _cgroup.usable_cpus() == 8
-    _write(str(fake_tree / "cg" / "cpu.max"), "10000 100000\n")  # a tenth of a CPU
+    write_file(str(fake_tree / "cg" / "cpu.max"), "10000 100000\n")  # a tenth of a CPU
     assert _cgroup.usable_cpus() == 1
 
 
