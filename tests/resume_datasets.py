@@ -160,3 +160,16 @@ class _KillsOnce:
             open(mark, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return row
+
+
+class UnevenStream(torch.utils.data.IterableDataset):
+    """Worker 0 yields `short` items, the others `long` each (item = worker * 1000 + k): worker
+    0's stream ends early in every epoch."""
+
+    def __init__(self, short=2, long=20):
+        self.short, self.long = short, long
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid = 0 if info is None else info.id
+        return iter(range(wid * 1000, wid * 1000 + (self.short if wid == 0 else self.long)))

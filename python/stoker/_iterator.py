@@ -32,6 +32,7 @@ from . import _autotune, _board, _checkpoint, _enable, _protocol, _seeding, _tor
 from ._errors import (
     BatchEncodingError,
     CollateError,
+    EngineError,
     SharedMemoryLimitError,
     WorkerCrashed,
     WorkerHung,
@@ -269,7 +270,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._tasks.reset()
         self._cursor.first_worker(self._tasks)  # a resumed IterableDataset: whose turn it was
         if not first_iter:
-            # Persistent workers: a new epoch. Results of the old one still in flight are dropped.
+            # Persistent workers: a new epoch; or load_state_dict on a live iterator. Results of
+            # the old one still in flight are dropped.
             self._resetting = True
             waiting = self._awaiting_resume
             for w in range(self._num_workers):
@@ -280,6 +282,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                                    _protocol.encode_resume(self._base_seed, self._shared_seed,
                                                            self._cursor.iter_states.states))
                     waiting.add(w)
+                elif w < self._tasks.limit:
+                    # Stopped when its stream ended (a non-persistent IterableDataset): it
+                    # starts again, fresh, with this epoch's seeds and state.
+                    self._start(lambda w=w: self._set.start(w))
             while waiting:
                 ev = self._wait()
                 # A worker restarted meanwhile starts fresh: it is resumed already.
@@ -314,7 +320,12 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _send_task(self, worker_id, task, index) -> None:
         fmt, payload = _protocol.encode_index(index)
-        self._set.send(worker_id, MSG_TASK, task, fmt, payload)
+        if not self._set.send(worker_id, MSG_TASK, task, fmt, payload) \
+                and not self._set.has(worker_id):
+            # A dying worker's tasks are re-issued when its death is seen; one that is not
+            # running at all would never answer: fail loudly rather than wait forever.
+            raise EngineError(f"stoker: task {task} went to worker {worker_id}, which is not "
+                              "running (a bug in stoker: please report it)")
 
     def _without_quarantined(self, index):
         if not self._state.quarantined or self._kind != _worker.MAP:

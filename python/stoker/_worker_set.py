@@ -193,6 +193,7 @@ class WorkerSet:
             self._procs[worker_id] = proc
             self._last_procs[worker_id] = proc
             self._started_at[worker_id] = time.monotonic()
+            self._leaving.discard(worker_id)  # an earlier process of this id was stopped
             self._stuck.pop(worker_id, None)
             self._noted_stuck.discard(worker_id)
 
