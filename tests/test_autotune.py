@@ -213,3 +213,197 @@ import gc; gc.collect()
 print("OK")
 """, timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+# -- prefetch_factor="auto": the depth -------------------------------------------------------------
+def _dwindow(stall=0.9, busy=1.0, workers=2, seconds=1.0, slot=1 << 20, share=None,
+             headroom=None, limit=None):
+    """A window in which the loop waited `stall` of the time and `workers` workers were busy
+    `busy` worker-seconds per second."""
+    return _autotune.Window(seconds=seconds, waited_s=stall * seconds, main_cpu_s=0.1,
+                            worker_cpu_s=busy * seconds, worker_busy_s=busy * seconds,
+                            usable_cpus=8, worker_rss=100 << 20, slot_bytes_per_worker=0,
+                            memory_headroom=headroom, memory_limit=limit, workers=workers,
+                            slot_bytes=slot, shared_memory_share=share)
+
+
+def _depths(tuner, windows):
+    out = []
+    for batch, w in enumerate(windows):
+        tuner.decide(w, batch)
+        out.append(tuner.depth)
+    return out
+
+
+def test_a_stall_with_idle_workers_deepens_the_queue_up_to_the_most():
+    t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
+    # 2 workers busy 1 worker-second per second while the loop waited 90%: a line held by a
+    # slow batch (idle 1.0 worker-second for 0.9 s of waiting)
+    got = _depths(t, [_dwindow()] * 14)
+    # a change, a window that straddles it (not judged), then the next judgement
+    assert got == [3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8]
+    assert t.active == 2
+    assert "prefetch_factor 7 -> 8" in t.reason and "sat idle" in t.reason
+    assert [d["prefetch_factor"] for d in t.snapshot()["decisions"]] == [2, 3, 4, 5, 6, 7, 8]
+
+
+def test_little_idle_or_little_waiting_leaves_the_depth():
+    t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
+    # idle 0.2 worker-seconds while the loop waited 0.9 s: the workers are the bottleneck
+    assert set(_depths(t, [_dwindow(busy=1.8)] * 6)) == {2}
+    # idle workers, but the loop hardly waited: nothing to gain
+    assert set(_depths(t, [_dwindow(stall=0.03, busy=0.5)] * 6)) == {2}
+
+
+def test_busy_workers_get_no_deeper_queue_but_one_more_worker():
+    depth_only = _autotune.Tuner(bound=4, tune_workers=False, depth=2)
+    assert set(_depths(depth_only, [_dwindow(busy=1.9)] * 6)) == {2}
+    both = _autotune.Tuner(bound=4, initial=2, depth=2)
+    both.decide(_dwindow(busy=1.95), 0)
+    assert (both.active, both.depth) == (3, 2)
+    # idle workers while the loop waits: the queue deepens, no worker is added
+    both = _autotune.Tuner(bound=4, initial=2, depth=2)
+    both.decide(_dwindow(busy=0.5), 0)
+    assert (both.active, both.depth) == (2, 3)
+
+
+def test_the_depth_stays_within_the_shared_memory_cap_and_the_memory_limit():
+    GiB_ = GiB
+    capped = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
+    # 64 MiB batches, 200 MiB of max_shared_memory per worker: 4 batches would not fit
+    _depths(capped, [_dwindow(slot=64 << 20, share=200 << 20)] * 4)
+    assert capped.depth == 2 and "max_shared_memory" in capped.reason
+    tight = _autotune.Tuner(bound=2, tune_workers=False, depth=4)
+    # 0.5 GiB free under an 8 GiB limit: one shallower at each judgement, down to 1
+    got = _depths(tight, [_dwindow(headroom=GiB_ // 2, limit=8 * GiB_)] * 8)
+    assert got == [3, 3, 2, 2, 1, 1, 1, 1]
+    assert "memory limit" in tight.reason
+
+
+def test_short_windows_add_up_before_the_depth_is_judged():
+    t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
+    quarter = _dwindow(seconds=0.25)
+    assert _depths(t, [quarter] * 3) == [2, 2, 2]
+    assert _depths(t, [quarter]) == [3]
+
+
+def test_a_fixed_depth_is_left_alone():
+    t = _autotune.Tuner(bound=4, initial=2)
+    for b in range(6):
+        t.decide(_dwindow(busy=0.2), b)
+    assert t.depth is None and t.snapshot()["prefetch_factor"] is None
+
+
+class HeldLine(torch.utils.data.Dataset):
+    """Fast samples and, now and then, a slow one that holds the line: the other worker runs out
+    of work while the loop waits. Each value also draws from torch's generator in the worker."""
+
+    def __len__(self):
+        return 4 * 150
+
+    def __getitem__(self, i):
+        time.sleep(0.08 if i % 36 == 0 else 0.001)
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+@pytest.fixture
+def quick_depth(monkeypatch):
+    monkeypatch.setattr(_autotune, "WINDOW_S", 0.05)
+    monkeypatch.setattr(_autotune, "DEPTH_WINDOW_S", 0.3)
+
+
+def test_a_held_line_deepens_the_queue_and_the_batches_are_torchs(quick_depth):
+    """With a fixed num_workers the depth does not change which worker loads which task: the
+    batches, values drawn in workers included, are torch's own DataLoader's."""
+    dl = stoker.DataLoader(HeldLine(), batch_size=4, num_workers=2, prefetch_factor="auto",
+                           generator=torch.Generator().manual_seed(5))
+    assert dl.prefetch_factor == 2 and dl.autotune_prefetch and not dl.autotune
+    got = _epoch(dl)
+    auto = dl.stats()["autotune"]
+    assert auto["prefetch_factor"] > 2, auto
+    assert auto["workers_tuned"] is False and auto["active_workers"] == 2
+    assert any("sat idle" in d["reason"] for d in auto["decisions"]), auto
+    want = _epoch(torch.utils.data.DataLoader(HeldLine(), batch_size=4, num_workers=2,
+                                              generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(got, want)
+
+
+def test_the_next_epoch_starts_from_the_depth_learnt(quick_depth):
+    dl = stoker.DataLoader(HeldLine(), batch_size=4, num_workers=2, prefetch_factor="auto")
+    _epoch(dl)
+    learnt = dl.stats()["autotune"]["prefetch_factor"]
+    assert learnt > 2
+    it = iter(dl)
+    assert it._tasks.prefetch_factor == learnt
+    assert "where the last epoch ended" in dl.stats()["autotune"]["decisions"][0]["reason"]
+    del it
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for i in range(info.id, 300, info.num_workers):
+            time.sleep(0.001)
+            yield torch.tensor([float(i), torch.rand(()).item()])
+
+
+def test_scripted_depths_keep_every_value_with_persistent_workers_and_a_stream(monkeypatch):
+    """A tuner that changes the depth at every window (1, 6, 2, 8, 3, ...) over two epochs,
+    persistent workers, a shuffled map-style dataset and an IterableDataset: torch's batches."""
+    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+    script = itertools.cycle([1, 6, 2, 8, 3])
+    seen = []
+
+    def decide(self, window, batch):
+        self.depth = next(script)
+        seen.append(self.depth)
+        return self.active
+
+    monkeypatch.setattr(_autotune.Tuner, "decide", decide)
+    for ds, kw in ((SlowRandom(), {"shuffle": True}), (Stream(), {})):
+        def make(cls, ds=ds, kw=kw, **extra):
+            return cls(ds, batch_size=3, num_workers=2, persistent_workers=True,
+                       generator=torch.Generator().manual_seed(9), **kw, **extra)
+
+        dl = make(stoker.DataLoader, prefetch_factor="auto")
+        ref = make(torch.utils.data.DataLoader)
+        for _ in range(2):
+            assert torch.equal(_epoch(dl), _epoch(ref))
+        assert dl.stats()["autotune"]["workers_tuned"] is False
+    assert len(set(seen)) == 5 and len(seen) > 20
+
+
+def test_prefetch_auto_without_workers_and_through_attributes_and_enable():
+    ds = SlowRandom()
+    single = stoker.DataLoader(ds, prefetch_factor="auto")  # torch: no prefetch without workers
+    assert single.prefetch_factor is None and single.autotune_prefetch
+    assert len(list(single)) == len(ds)
+    # a framework re-creating the loader from its attributes keeps the tuning
+    dl = stoker.DataLoader(ds, batch_size=8, num_workers=2, prefetch_factor="auto")
+    again = stoker.DataLoader(ds, batch_size=8, num_workers=dl.num_workers,
+                              prefetch_factor=dl.prefetch_factor,
+                              autotune_prefetch=dl.autotune_prefetch)
+    list(again)
+    assert again.stats()["autotune"]["prefetch_factor"] is not None
+    with pytest.raises(ValueError, match="autotune_prefetch must be True or False"):
+        stoker.DataLoader(ds, num_workers=2, autotune_prefetch="yes")
+    stoker.enable(autotune_prefetch=True)
+    try:
+        plain = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2)
+        assert len(list(plain)) == len(ds) // 8
+        assert stoker.stats(plain)["autotune"]["prefetch_factor"] is not None
+    finally:
+        stoker.disable()
+
+
+def test_stoker_top_shows_the_depth():
+    from stoker import top
+
+    dl = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers=2, prefetch_factor="auto")
+    it = iter(dl)
+    next(it)
+    mine = [ld for ld in top.snapshot() if ld["pid"] == os.getpid()]
+    assert mine and mine[0]["prefetch_factor"] == 2
+    assert "prefetch 2 (auto)" in top.render(mine, {}, 0.0)
+    del it
+

@@ -1,9 +1,9 @@
-"""num_workers="auto": how many workers take tasks, decided during the epoch from what the
-iterator measures.
+"""num_workers="auto" and prefetch_factor="auto": how many workers take tasks and how many
+tasks each may hold, decided during the epoch from what the iterator measures.
 
-The loader is built with ``num_workers`` = the bound (the usable CPUs); the iterator starts
-``initial`` of them and sends tasks to the first ``active`` workers only. Every ``WINDOW_S``
-the ``Tuner`` looks at the last window:
+Workers. The loader is built with ``num_workers`` = the bound (the usable CPUs); the iterator
+starts ``initial`` of them and sends tasks to the first ``active`` workers only. Every
+``WINDOW_S`` the ``Tuner`` looks at the last window:
 
 - the loop waited for data (stall share above ``ADD_STALL``) and a core is free (the main process
   and the active workers together used less than usable CPUs - ``FREE_CORE``) and the memory
@@ -13,10 +13,26 @@ the ``Tuner`` looks at the last window:
   one worker fewer with room to spare, two windows in a row: one worker fewer (it keeps its
   process, idle, and is the first one added back).
 
-Which worker loads a task does not change which samples are delivered nor their order (tasks
-are numbered in the sampler's order and yielded in that order); with ``seed="per_sample"`` the
-values do not change either. An IterableDataset is not tuned: each worker yields its own shard,
-so all ``num_workers`` workers run.
+Depth (prefetch_factor, tasks in flight per worker). It starts at torch's 2 and is judged over
+longer windows (``DEPTH_WINDOW_S``: a queue's worth shows over several batches):
+
+- the loop waited for data while workers sat idle (idle worker-seconds at least ``IDLE_SHARE`` of
+  the seconds waited: a slow batch held the line and the others had nothing left to do) and one
+  more batch per worker fits the memory budget and the shared-memory cap: one deeper, up to
+  ``MAX_DEPTH``. This is the mechanism itself, not a guess: a worker idles only when it has no
+  task, and it has none because the queue was full; with one more place it would have worked.
+  (Checking the gain afterwards was tried and dropped: over a second, a random latency tail
+  makes the wait per batch swing by more than one step of depth changes it, so such a check
+  undid good steps about as often as it kept them.)
+- the memory limit is near (less than ``MEMORY_MARGIN`` of it free): one shallower, down to 1.
+
+When both are tuned, a stall with idle workers deepens the queue and a stall with busy workers
+adds a worker. Which worker loads a task does not change which samples are delivered nor their
+order (tasks are numbered in the sampler's order and yielded in that order); with
+``seed="per_sample"`` the values do not change either. The depth does not even change which
+worker loads a task (tasks go round the workers in turn whatever the depth), so with a fixed
+``num_workers`` the batches are torch's, values included. An IterableDataset's worker count is
+not tuned (each worker yields its own shard, so all ``num_workers`` run); its depth is.
 
 ``Tuner`` is plain arithmetic on numbers it is given (unit-tested with synthetic ones);
 ``Measure`` reads them from the iterator's statistics, the status pages and /proc.
@@ -40,6 +56,13 @@ FREE_CORE = 0.75  # a core is free when this much CPU is left over
 RETIRE_FIT = 0.7  # retire when the busy time fits in k-1 workers at most this busy
 MEMORY_MARGIN = 0.1  # keep this share of the memory limit free
 KEEP_DECISIONS = 20
+# prefetch_factor="auto"
+START_DEPTH = 2  # torch's default
+MAX_DEPTH = 8
+DEPTH_WINDOW_S = 1.0  # the depth is judged over windows at least this long
+# idle worker-seconds, as a share of the seconds the loop waited (a line held by a slow batch
+# gives 0.4 to 1; workers that are the bottleneck, under 0.1)
+IDLE_SHARE = 0.3
 
 
 def resolve_num_workers(value) -> int:
@@ -63,6 +86,13 @@ class Window:
     slot_bytes_per_worker: int  # shared-memory slots mapped, per started worker
     memory_headroom: int | None  # bytes left before the limit (None: unknown)
     memory_limit: int | None
+    workers: int = 0  # workers that took tasks (0: unknown)
+    slot_bytes: int = 0  # the mean size of one slot (one batch), 0 when none yet
+    shared_memory_share: int | None = None  # max_shared_memory per worker (None: no cap)
+
+    @property
+    def worker_seconds(self) -> float:
+        return self.workers * self.seconds
 
 
 @dataclass
@@ -70,26 +100,50 @@ class Decision:
     batch: int
     active: int
     reason: str
+    prefetch_factor: int | None = None
 
 
 class Tuner:
-    def __init__(self, bound: int, initial: int | None = None):
+    """Decides the active workers (``tune_workers``) and the depth (``depth`` not None)."""
+
+    def __init__(self, bound: int, initial: int | None = None, *, tune_workers: bool = True,
+                 depth: int | None = None):
         self.bound = max(1, bound)
+        self.tune_workers = tune_workers
+        if not tune_workers:
+            initial = self.bound
         self.active = initial if initial is not None else max(1, self.bound // 2)
         self.active = min(self.bound, max(1, self.active))
-        self.reason = f"started {self.active} of at most {self.bound} workers"
-        self.decisions: list[Decision] = [Decision(0, self.active, self.reason)]
+        self.depth = None if depth is None else min(MAX_DEPTH, max(1, depth))
+        parts = []
+        if tune_workers:
+            parts.append(f"started {self.active} of at most {self.bound} workers")
+        if self.depth is not None:
+            parts.append(f"prefetch_factor {self.depth} (at most {MAX_DEPTH})")
+        self.reason = ", ".join(parts)
+        self.decisions: list[Decision] = [Decision(0, self.active, self.reason, self.depth)]
         self.settled_at: int | None = None  # the batch of the last change
         self._quiet_windows = 0
         self._skip_next = False
+        self._acc = _Sums()  # the depth's window so far
 
     def decide(self, w: Window, batch: int) -> int:
-        """The number of active workers after window `w` (seen at batch `batch`)."""
+        """The number of active workers after window `w` (seen at batch `batch`); the depth
+        after it is ``self.depth``."""
         if self._skip_next:  # the window straddles the last change: it says little
             self._skip_next = False
             return self.active
         if w.seconds <= 0:
             return self.active
+        if self.depth is not None:
+            if self._decide_depth(w, batch):
+                return self.active
+        if self.tune_workers:
+            return self._decide_workers(w, batch)
+        return self.active
+
+    # -- workers ---------------------------------------------------------------------------------
+    def _decide_workers(self, w: Window, batch: int) -> int:
         stall = w.waited_s / w.seconds
         used = (w.main_cpu_s + w.worker_cpu_s) / w.seconds
         free = w.usable_cpus - used
@@ -99,6 +153,8 @@ class Tuner:
                 return self.active
             if free < FREE_CORE:
                 return self.active
+            if self._depth_may_grow() and _idle_while_waiting(w):
+                return self.active  # idle workers: a deeper queue, not one more worker
             need = w.worker_rss + w.slot_bytes_per_worker
             if w.memory_headroom is not None and w.memory_limit:
                 if w.memory_headroom - need < MEMORY_MARGIN * w.memory_limit:
@@ -108,47 +164,129 @@ class Tuner:
                         f"{100 * MEMORY_MARGIN:.0f}% of the memory limit "
                         f"({_cgroup.human_bytes(w.memory_limit)}) free"), change=False)
                     return self.active
-            return self._change(batch, self.active + 1, (
-                f"the loop waited for data {100 * stall:.0f}% of the time and "
-                f"{free:.1f} of {w.usable_cpus} CPUs were free"))
+            self._change(batch, self.active + 1, self.depth, (
+                f"{self.active} -> {self.active + 1} workers: the loop waited for data "
+                f"{100 * stall:.0f}% of the time and {free:.1f} of {w.usable_cpus} CPUs were free"))
+            return self.active
         if stall < RETIRE_STALL and self.active > 1:
             per_worker = w.worker_busy_s / w.seconds / (self.active - 1)
             if per_worker < RETIRE_FIT:
                 self._quiet_windows += 1
                 if self._quiet_windows >= 2:
                     self._quiet_windows = 0
-                    return self._change(batch, self.active - 1, (
-                        f"the loop waited {100 * stall:.1f}% of the time and the workers were "
-                        f"busy {w.worker_busy_s / w.seconds:.1f} worker-seconds per second: "
+                    self._change(batch, self.active - 1, self.depth, (
+                        f"{self.active} -> {self.active - 1} workers: the loop waited "
+                        f"{100 * stall:.1f}% of the time and the workers were busy "
+                        f"{w.worker_busy_s / w.seconds:.1f} worker-seconds per second: "
                         f"{self.active - 1} suffice"))
+                    return self.active
                 return self.active
         self._quiet_windows = 0
         return self.active
 
-    def _change(self, batch: int, active: int, reason: str) -> int:
-        self._note(batch, active, f"{self.active} -> {active} workers: {reason}")
+    # -- depth -----------------------------------------------------------------------------------
+    def _depth_may_grow(self) -> bool:
+        return self.depth is not None and self.depth < MAX_DEPTH
+
+    def _decide_depth(self, w: Window, batch: int) -> bool:
+        """Judges the depth once its window is long enough; True when it changed."""
+        acc = self._acc
+        acc.add(w)
+        if acc.seconds < DEPTH_WINDOW_S:
+            return False
+        self._acc = _Sums()
+        stall = acc.waited_s / acc.seconds
+        d = self.depth
+        if acc.memory_limit and acc.memory_headroom is not None and d > 1 \
+                and acc.memory_headroom < MEMORY_MARGIN * acc.memory_limit:
+            return self._change(batch, self.active, d - 1, (
+                f"prefetch_factor {d} -> {d - 1}: less than {100 * MEMORY_MARGIN:.0f}% of the "
+                f"memory limit ({_cgroup.human_bytes(acc.memory_limit)}) is free"))
+        if stall <= ADD_STALL or not self._depth_may_grow() or not _idle_while_waiting(acc):
+            return False
+        workers = acc.workers or self.active
+        need = workers * acc.slot_bytes
+        if acc.shared_memory_share is not None and acc.slot_bytes \
+                and (d + 2) * acc.slot_bytes > acc.shared_memory_share:
+            self._note(batch, self.active, (
+                f"prefetch_factor stays {d}: the loop waited {100 * stall:.0f}% of the time with "
+                f"workers idle, but {d + 2} batches of "
+                f"{_cgroup.human_bytes(acc.slot_bytes)} per worker would not fit its share of "
+                f"max_shared_memory ({_cgroup.human_bytes(acc.shared_memory_share)})"),
+                change=False)
+            return False
+        if acc.memory_limit and acc.memory_headroom is not None \
+                and acc.memory_headroom - need < MEMORY_MARGIN * acc.memory_limit:
+            self._note(batch, self.active, (
+                f"prefetch_factor stays {d}: the loop waited {100 * stall:.0f}% of the time with "
+                f"workers idle, but one more batch per worker (~{_cgroup.human_bytes(need)}) "
+                f"would leave less than {100 * MEMORY_MARGIN:.0f}% of the memory limit free"),
+                change=False)
+            return False
+        idle = (acc.worker_seconds - acc.worker_busy_s) / acc.seconds
+        return self._change(batch, self.active, d + 1, (
+            f"prefetch_factor {d} -> {d + 1}: the loop waited for data {100 * stall:.0f}% of the "
+            f"time while {idle:.1f} of {workers} workers sat idle (a slow batch held the line)"))
+
+    # -- records ---------------------------------------------------------------------------------
+    def _change(self, batch: int, active: int, depth: int | None, reason: str) -> bool:
+        self._note(batch, active, reason, depth=depth)
         self.active = active
+        self.depth = depth
         self.settled_at = batch
         self._skip_next = True
-        return active
+        self._acc = _Sums()
+        return True
 
-    def _note(self, batch, active, reason, change=True) -> None:
+    def _note(self, batch, active, reason, change=True, depth=None) -> None:
         if not change and self.reason == reason:
             return
         self.reason = reason
-        self.decisions.append(Decision(batch, active, reason))
+        self.decisions.append(Decision(batch, active, reason,
+                                       depth if change else self.depth))
         del self.decisions[:-KEEP_DECISIONS]
-        log.info("stoker: num_workers='auto': %s (at batch %d)", reason, batch)
+        log.info("stoker: autotune: %s (at batch %d)", reason, batch)
 
     def snapshot(self) -> dict:
         return {
             "active_workers": self.active,
             "max_workers": self.bound,
+            "workers_tuned": self.tune_workers,
+            "prefetch_factor": self.depth,
             "reason": self.reason,
             "last_change_at_batch": self.settled_at,
-            "decisions": [{"batch": d.batch, "active": d.active, "reason": d.reason}
-                          for d in self.decisions],
+            "decisions": [{"batch": d.batch, "active": d.active, "prefetch_factor":
+                           d.prefetch_factor, "reason": d.reason} for d in self.decisions],
         }
+
+
+def _idle_while_waiting(w) -> bool:
+    """The workers sat idle for at least IDLE_SHARE of the time the loop waited for data."""
+    if w.worker_seconds <= 0 or w.waited_s <= 0:
+        return False
+    return w.worker_seconds - w.worker_busy_s >= IDLE_SHARE * w.waited_s
+
+
+class _Sums:
+    """Windows added up (the depth's longer window); the latest memory figures."""
+
+    def __init__(self):
+        self.seconds = self.waited_s = self.worker_busy_s = 0.0
+        self.workers = 0
+        self.slot_bytes = 0
+        self.shared_memory_share = None
+        self.memory_headroom = self.memory_limit = None
+        self.worker_seconds = 0.0
+
+    def add(self, w: Window) -> None:
+        self.seconds += w.seconds
+        self.waited_s += w.waited_s
+        self.worker_busy_s += w.worker_busy_s
+        self.worker_seconds += w.worker_seconds
+        self.workers = round(self.worker_seconds / self.seconds) if self.seconds else 0
+        self.slot_bytes = max(self.slot_bytes, w.slot_bytes)
+        self.shared_memory_share = w.shared_memory_share
+        self.memory_headroom, self.memory_limit = w.memory_headroom, w.memory_limit
 
 
 def _proc_cpu_s(pid) -> float:
@@ -167,17 +305,18 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 class Measure:
     """Reads one window's numbers from the iterator's parts (main thread only)."""
 
-    def __init__(self, stats, workers, usable_cpus: int):
+    def __init__(self, stats, workers, usable_cpus: int, shared_memory_share: int | None = None):
         self._stats = stats
         self._workers = workers
         self._cpus = usable_cpus
+        self._share = shared_memory_share
         self._last = None
 
-    def _now(self, active: int):
+    def _now(self, ids):
         busy = 0.0
         cpu = 0.0
         rss = 0
-        for w in range(active):
+        for w in ids:
             st = self._workers.status(w)
             if st:
                 s = st["seconds_in"]
@@ -186,75 +325,114 @@ class Measure:
             pid = self._workers.pid(w)
             if pid is not None:
                 cpu += _proc_cpu_s(pid)
-        return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss)
+        return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
+                tuple(ids))
 
-    def restart(self, active: int) -> None:
+    def restart(self, ids) -> None:
         """Starts a window (after a change: the new worker's counters start from here)."""
-        self._last = self._now(active)
+        self._last = self._now(ids)
 
     def due(self) -> bool:
         return self._last is None or time.monotonic() - self._last[0] >= WINDOW_S
 
-    def window(self, active: int) -> Window | None:
-        now = self._now(active)
+    def window(self, ids) -> Window | None:
+        """The window since the last one, over workers `ids` (those that take tasks)."""
+        now = self._now(ids)
         last, self._last = self._last, now
-        if last is None or now[1] < last[1]:  # a new epoch reset the counters
-            return None
+        if last is None or now[1] < last[1] or now[6] != last[6]:
+            return None  # a new epoch reset the counters, or a stream's worker ended
         usage = self._workers.slot_usage() or {}
-        started = max(1, sum(1 for w in range(active) if self._workers.pid(w) is not None))
+        started = max(1, sum(1 for w in ids if self._workers.pid(w) is not None))
+        mapped, slots = int(usage.get("bytes_mapped", 0)), int(usage.get("slots", 0))
         headroom, limit = _cgroup.memory_headroom()
         return Window(
             seconds=now[0] - last[0], waited_s=now[1] - last[1], main_cpu_s=now[2] - last[2],
             # a worker restarted during the window counts from zero: never negative
             worker_cpu_s=max(0.0, now[3] - last[3]), worker_busy_s=max(0.0, now[4] - last[4]),
             usable_cpus=self._cpus, worker_rss=now[5],
-            slot_bytes_per_worker=int(usage.get("bytes_mapped", 0)) // started,
-            memory_headroom=headroom, memory_limit=limit,
+            slot_bytes_per_worker=mapped // started,
+            memory_headroom=headroom, memory_limit=limit, workers=len(ids),
+            slot_bytes=mapped // slots if slots else 0, shared_memory_share=self._share,
         )
 
 
 # -- the iterator's side (called by _iterator.MultiProcessIter) ---------------------------------
-def attach(it) -> tuple[Tuner, Measure]:
-    """A tuner for iterator `it` (a map-style dataset, num_workers > 1): the task table sends to
-    the tuner's first `active` workers; only those are started now."""
-    prev = it._state.autotune  # an earlier iterator of this loader learnt a count
+def wanted(opts: dict, map_style: bool, num_workers: int) -> tuple[bool, bool]:
+    """(tune the worker count, tune the depth) for an iterator with these options."""
+    return (bool(opts.get("autotune")) and map_style and num_workers > 1,
+            bool(opts.get("autotune_prefetch")))
+
+
+def attach(it, tune_workers: bool, tune_depth: bool) -> tuple[Tuner, Measure]:
+    """A tuner for iterator `it`: the task table sends to the tuner's first `active` workers
+    (only those are started now), each holding up to the tuner's depth of tasks. An earlier
+    iterator of this loader left what it learnt: the next one starts from there."""
+    prev = it._state.autotune
     n = it._num_workers
-    tuner = Tuner(n, prev["active_workers"] if prev and prev["max_workers"] == n else None)
-    if prev and prev["max_workers"] == n:
+    same = bool(prev) and prev["max_workers"] == n
+    initial = prev["active_workers"] if same and tune_workers else None
+    depth = None
+    if tune_depth:
+        depth = (prev or {}).get("prefetch_factor") or it._tasks.prefetch_factor
+    tuner = Tuner(n, initial, tune_workers=tune_workers, depth=depth)
+    if prev and (initial is not None or (prev or {}).get("prefetch_factor")):
         tuner.reason = tuner.decisions[0].reason = (
-            f"started {tuner.active} of at most {n} workers (the count the last epoch ended with)")
+            tuner.reason + " (where the last epoch ended)")
     it._tasks.limit = tuner.active
+    if tuner.depth is not None:
+        it._tasks.prefetch_factor = tuner.depth
+        it._board.set("prefetch_factor", tuner.depth)
     it._state.autotune = tuner.snapshot()
-    it._board.set("active_workers", tuner.active)
-    return tuner, Measure(it._stats, it._set, _cgroup.usable_cpus())
+    if tune_workers:
+        it._board.set("active_workers", tuner.active)
+    cap = it._opts.get("max_shared_memory")
+    share = max(1, cap // max(1, n)) if cap else None
+    return tuner, Measure(it._stats, it._set, _cgroup.usable_cpus(), share)
+
+
+def _taking(it) -> list[int]:
+    """The workers that take tasks now (an IterableDataset's ended workers do not)."""
+    t = it._tasks
+    return [w for w in range(t.limit) if t.active[w]]
+
+
+def restart_window(it) -> None:
+    it._measure.restart(_taking(it))
 
 
 def tune(it) -> None:
     """One window is over: let the tuner decide, and apply its decision."""
     tasks = it._tasks
-    w = it._measure.window(tasks.limit)
+    w = it._measure.window(_taking(it))
     if w is None:
         return
-    noted = len(it._tuner.decisions)
-    active = it._tuner.decide(w, it._stats.yielded)
-    if active != tasks.limit:
-        set_active(it, active)
-    elif len(it._tuner.decisions) != noted:  # a decision not to change (the memory budget)
-        it._state.autotune = it._tuner.snapshot()
+    tuner = it._tuner
+    noted = len(tuner.decisions)
+    active = tuner.decide(w, it._stats.yielded)
+    if active != tasks.limit or (tuner.depth is not None
+                                 and tuner.depth != tasks.prefetch_factor):
+        apply(it, active, tuner.depth)
+    elif len(tuner.decisions) != noted:  # a decision not to change (the memory budget)
+        it._state.autotune = tuner.snapshot()
 
 
-def set_active(it, active: int) -> None:
-    """Workers 0..active-1 take the tasks from now on. A worker added is started if it never
-    was; one retired keeps its process and finishes the tasks it has (they are yielded in
-    their place: the order is the sampler's whatever worker loads a task)."""
+def apply(it, active: int, depth: int | None = None) -> None:
+    """Workers 0..active-1 take the tasks from now on, each up to `depth` of them (None: as
+    before). A worker added is started if it never was; one retired keeps its process and
+    finishes the tasks it has (they are yielded in their place: the order is the sampler's
+    whatever worker loads a task). A shallower queue drains as batches are taken."""
     tasks = it._tasks
     for w in range(tasks.limit, active):
         if it._set.pid(w) is None:
             it._start(lambda w=w: it._set.start(w))
     tasks.limit = active
-    it._board.set("active_workers", active)
+    if it._tuner.tune_workers:
+        it._board.set("active_workers", active)
+    if depth is not None:
+        tasks.prefetch_factor = depth
+        it._board.set("prefetch_factor", depth)
     it._state.autotune = it._tuner.snapshot()
-    it._measure.restart(active)
+    restart_window(it)
     while tasks.has_room() and not it._shutdown:
         sent = tasks.send_idx
         it._try_put_index()

@@ -23,7 +23,8 @@ MAGIC = 0x424F415244535450  # "BOARDSTP"
 # Board fields (int64 each).
 FIELDS = ("magic", "version", "token", "main_pid", "num_workers", "epoch", "batches_yielded",
           "waited_ns", "started_ns", "deaths", "skipped", "restarts",
-          "active_workers")  # workers taking tasks under num_workers="auto"; 0: all
+          "active_workers",  # workers taking tasks under num_workers="auto"; 0: all
+          "prefetch_factor")  # the depth under prefetch_factor="auto"; 0: not tuned
 F = {name: i for i, name in enumerate(FIELDS)}
 
 # Worker status page (worker_status.h, WorkerStatusPage), uint64 each: names, order, magic and

@@ -183,8 +183,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._stats = IterStats(self._board, self._set, self._opts["stall_notice"])
         self._tuner = self._measure = None
-        if self._opts.get("autotune") and self._kind == _worker.MAP and n > 1:
-            self._tuner, self._measure = _autotune.attach(self)
+        tune_workers, tune_depth = _autotune.wanted(self._opts, self._kind == _worker.MAP, n)
+        if tune_workers or tune_depth:
+            self._tuner, self._measure = _autotune.attach(self, tune_workers, tune_depth)
         self._recovery = Recovery(self._state, self._opts, n, self._kind == _worker.MAP)
         self._recovery.stream_known = self._cursor.stream_known  # a stateful IterableDataset
         self._resetting = False
@@ -295,7 +296,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._restarted_in_reset.clear()
             self._resetting = False
             if self._measure is not None:  # the new epoch's counters start from zero
-                self._measure.restart(self._tasks.limit)
+                _autotune.restart_window(self)
         for _ in range(self._tasks.max_tasks):
             self._try_put_index()
 

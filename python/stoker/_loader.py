@@ -13,8 +13,7 @@ from typing import TypeVar
 
 import torch.utils.data
 
-from . import _checkpoint, _options, _seeding
-from ._autotune import resolve_num_workers
+from . import _autotune, _checkpoint, _options, _seeding
 from ._fetch import ITERABLE, MAP, Dropped, Fetcher, SkippedSample
 from ._iterator import MultiProcessIter
 from ._options import options_of, state_of
@@ -55,17 +54,23 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         max_shared_memory="auto",
         seed=None,
         autotune=False,
+        autotune_prefetch=False,
     ):
         # num_workers="auto": torch checks for an int, so the bound goes to torch and the
         # iterator tunes how many of those workers take tasks (_autotune.py).
-        if num_workers == "auto":
-            num_workers, autotune = resolve_num_workers(num_workers), True
+        if isinstance(num_workers, str) and num_workers == "auto":
+            num_workers, autotune = _autotune.resolve_num_workers(num_workers), True
+        # prefetch_factor="auto": torch gets where the depth starts (its own default), and the
+        # iterator tunes it. With num_workers=0 there is nothing to tune (torch wants None).
+        if isinstance(prefetch_factor, str) and prefetch_factor == "auto":
+            prefetch_factor = _autotune.START_DEPTH if num_workers else None
+            autotune_prefetch = True
         options = _options.check({
             "on_worker_death": on_worker_death, "max_restarts": max_restarts,
             "on_error": on_error, "max_retries": max_retries,
             "quarantine_after": quarantine_after, "hang_timeout": hang_timeout,
             "stall_notice": stall_notice, "max_shared_memory": max_shared_memory,
-            "seed": seed, "autotune": autotune,
+            "seed": seed, "autotune": autotune, "autotune_prefetch": autotune_prefetch,
         })
         # Keywords only: a framework that wraps DataLoader.__init__ (Lightning records the
         # arguments to re-create loaders) sees each argument under its name.

@@ -26,6 +26,9 @@ DEFAULTS = {
     # how many of them take tasks (_autotune.py). A framework re-creating the loader from its
     # attributes passes num_workers (the bound) and autotune back, and keeps the tuning.
     "autotune": False,
+    # prefetch_factor="auto" sets it: prefetch_factor is then where the depth starts (torch's
+    # 2), and the iterator tunes it (_autotune.py). Works under stoker.enable() too.
+    "autotune_prefetch": False,
 }
 NAMES = tuple(DEFAULTS)
 
@@ -60,8 +63,9 @@ def check(options: dict) -> dict:
     v = o.get("hang_timeout")
     if v is not None and not (isinstance(v, (int, float)) and v > 0):
         raise ValueError(f"hang_timeout must be None or > 0 seconds, got {v!r}")
-    if "autotune" in o and not isinstance(o["autotune"], bool):
-        raise ValueError(f"autotune must be True or False, got {o['autotune']!r}")
+    for name in ("autotune", "autotune_prefetch"):
+        if name in o and not isinstance(o[name], bool):
+            raise ValueError(f"{name} must be True or False, got {o[name]!r}")
     v = o.get("stall_notice")
     if v is not None and not (isinstance(v, (int, float)) and 0 <= v <= 1):
         raise ValueError(f"stall_notice must be None or a share of time in [0, 1], got {v!r}")

@@ -35,7 +35,7 @@ def _parse_value(name: str, text: str):
         return int(text)
     if name in ("hang_timeout", "stall_notice"):
         return float(text)
-    if name == "autotune":
+    if name in ("autotune", "autotune_prefetch"):
         return text.lower() in ("1", "true", "yes", "on")
     if name == "max_shared_memory":
         return text if text == "auto" else int(text)

@@ -74,7 +74,8 @@ class IterStats:
             "stoker: the training loop waited for data %.0f%% of the time over %d batches: the "
             "data is the bottleneck. Workers spend most of their time in %s (%s). More "
             "num_workers (this process may use %d CPUs), cheaper samples or a larger "
-            "prefetch_factor would help.%s", 100 * self.waited_s / elapsed, self.yielded,
+            "prefetch_factor would help (num_workers=\"auto\" and prefetch_factor=\"auto\" "
+            "tune both).%s", 100 * self.waited_s / elapsed, self.yielded,
             _STAGES[slowest], split, len(os.sched_getaffinity(0)), stuck,
         )
 

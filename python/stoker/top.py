@@ -108,6 +108,8 @@ def snapshot() -> list[dict]:
                 "num_workers": b["num_workers"],
                 # num_workers="auto": how many take tasks now (0: all, not tuned)
                 "active_workers": b.get("active_workers", 0), "batches_yielded": b["batches_yielded"],
+                # prefetch_factor="auto": the depth now (0: not tuned)
+                "prefetch_factor": b.get("prefetch_factor", 0),
                 "data_stall": (b["waited_ns"] / 1e9 / elapsed) if elapsed > 0 else 0.0,
                 "deaths": b["deaths"], "restarts": b["restarts"], "skipped": b["skipped"],
                 "workers": sorted(workers_by_token.get(b["token"], []), key=lambda w: w["id"]),
@@ -141,7 +143,9 @@ def render(loaders, previous, dt, only_pid=None) -> str:
             f"data stall {100 * ld['data_stall']:.0f}%  deaths {ld['deaths']}  "
             f"restarts {ld['restarts']}  skipped {ld['skipped']}"
             + (f"  workers {ld['active_workers']}/{ld['num_workers']} (auto)"
-               if ld.get("active_workers") else "") + f"  {ld['command']}")
+               if ld.get("active_workers") else "")
+            + (f"  prefetch {ld['prefetch_factor']} (auto)" if ld.get("prefetch_factor") else "")
+            + f"  {ld['command']}")
         lines.append(f"  {'worker':>6} {'pid':>8} {'samples/s':>10} {'state':>10} {'index':>10} "
                      f"{'for s':>6} {'load%':>6} {'coll%':>6} {'enc%':>5} {'idle%':>6} "
                      f"{'RSS MB':>7}")

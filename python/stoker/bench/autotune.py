@@ -1,23 +1,40 @@
-"""``stoker bench --autotune``: num_workers="auto" against the best fixed num_workers.
+"""``stoker bench --autotune``: num_workers="auto" against the best fixed num_workers, and
+prefetch_factor="auto" against the best fixed prefetch_factor.
 
-The scenario where the right count is not obvious: workers decode JPEGs (random crop and flip)
-and the training step itself takes a core (a busy loop in the main process, as a CPU-side
-step or a host-side launch loop would). Every fixed count from 1 to the usable CPUs is run, then
-"auto"; each run is a fresh interpreter. Throughput is taken over the second half of a run (the
-steady state); for "auto", the table also says after how many batches a sliding window of
-``WINDOW`` batches first reached 95% of the best fixed count's throughput.
+Workers: the scenario where the right count is not obvious: workers decode JPEGs (random crop
+and flip) and the training step itself takes a core (a busy loop in the main process, as a
+CPU-side step or a host-side launch loop would). Every fixed count from 1 to the usable CPUs is
+run, then "auto".
+
+Depth: two workers read 64 KiB samples from remote storage with a latency tail (``READ_S`` a
+read, one in ``TAIL_EVERY`` takes ``TAIL_S``, drawn per index) and a training step that leaves
+the CPU free (an accelerator's: a sleep of ``STEP_S``). A slow read holds the line: the loop
+waits for it while the other worker runs out of work unless it may hold more batches.
+prefetch_factor 1, 2, 4, 8 and "auto" are run, ``DEPTH_BATCHES`` batches each.
+
+Each run is a fresh interpreter. Throughput is taken over the second half of a run (the steady
+state); for "auto", the table also says after how many batches a sliding window of ``WINDOW``
+batches first reached 95% of the best fixed setting's throughput.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 
 WINDOW = 16  # batches in the sliding throughput window
 BATCH = 16
+READ_S = 0.0005  # a read from the remote store
+TAIL_EVERY = 128  # one read in this many is slow
+TAIL_S = 0.1  # and takes this long
+STEP_S = 0.004  # the accelerator's step (the CPU is free meanwhile)
+DEPTHS = (1, 2, 4, 8)
+DEPTH_BATCHES = 1000
+DEPTH_WINDOW = 100  # batches: a random tail needs a long window to average out
 
 
 def _dataset(n):
@@ -26,41 +43,74 @@ def _dataset(n):
     return JpegDecode(n)
 
 
-def calibrate_step_s(cpus: int) -> float:
-    """A training step about as long as loading a batch takes (cpus - 1) / 1.5 workers: the
-    best count is neither 1 nor all CPUs when there are a few."""
+class RemoteReads:
+    """64 KiB samples read from a store with a latency tail: which reads are slow is drawn per
+    index (the same in every run and every process)."""
+
+    def __init__(self, n):
+        import numpy as np
+
+        self.n = n
+        self.blob = np.random.default_rng(0).integers(0, 255, 1 << 16, dtype=np.uint8)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        slow = random.Random(i).random() < 1 / TAIL_EVERY
+        time.sleep(TAIL_S if slow else READ_S)
+        return torch.from_numpy(self.blob.copy())
+
+
+def decode_s_per_batch() -> float:
+    """Seconds one worker takes to load a batch (no tail)."""
     ds = _dataset(BATCH * 4)
     t = time.perf_counter()
     for i in range(BATCH * 4):
         ds[i]
-    per_batch = (time.perf_counter() - t) / 4
-    return per_batch / max(1.0, (cpus - 1) / 1.5)
+    return (time.perf_counter() - t) / 4
 
 
-def run_in_process(num_workers, batches: int, step_s: float) -> dict:
+def calibrate_step_s(cpus: int) -> float:
+    """A training step about as long as loading a batch takes (cpus - 1) / 1.5 workers: the
+    best count is neither 1 nor all CPUs when there are a few."""
+    return decode_s_per_batch() / max(1.0, (cpus - 1) / 1.5)
+
+
+def run_in_process(num_workers, batches: int, step_s: float, prefetch_factor=None,
+                   remote: bool = False) -> dict:
     import stoker
 
-    dl = stoker.DataLoader(_dataset(BATCH * batches), batch_size=BATCH, num_workers=num_workers)
+    ds = RemoteReads(BATCH * batches) if remote else _dataset(BATCH * batches)
+    dl = stoker.DataLoader(ds, batch_size=BATCH, num_workers=num_workers,
+                           prefetch_factor=prefetch_factor)
     stamps = []
     for _ in dl:
-        end = time.perf_counter() + step_s
-        while time.perf_counter() < end:  # the training step: one core, busy
-            pass
+        if remote:  # the accelerator's step: the CPU is free meanwhile
+            time.sleep(step_s)
+        else:
+            end = time.perf_counter() + step_s
+            while time.perf_counter() < end:  # the training step: one core, busy
+                pass
         stamps.append(time.perf_counter())
     half = len(stamps) // 2
     steady = (len(stamps) - half - 1) * BATCH / (stamps[-1] - stamps[half])
-    out = {"num_workers": num_workers, "samples_per_s": steady, "stamps": stamps,
-           "workers": dl.num_workers}
+    out = {"num_workers": num_workers, "prefetch_factor": prefetch_factor,
+           "samples_per_s": steady, "stamps": stamps, "workers": dl.num_workers}
     auto = dl.stats().get("autotune")
     if auto:
         out["active_workers"] = auto["active_workers"]
+        out["final_prefetch_factor"] = auto["prefetch_factor"]
         out["decisions"] = auto["decisions"]
     return out
 
 
-def _run(num_workers, batches, step_s, timeout=300) -> dict:
+def _run(num_workers, batches, step_s, prefetch_factor=None, remote=False, timeout=300) -> dict:
     code = ("import json; from stoker.bench.autotune import run_in_process; print('RESULT', "
-            f"json.dumps(run_in_process({num_workers!r}, {batches}, {step_s!r})))")
+            f"json.dumps(run_in_process({num_workers!r}, {batches}, {step_s!r}, "
+            f"{prefetch_factor!r}, {remote!r})))")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=timeout, env=env)
@@ -70,10 +120,10 @@ def _run(num_workers, batches, step_s, timeout=300) -> dict:
     raise RuntimeError(f"num_workers={num_workers!r}: {p.stderr.strip()[-2000:]}")
 
 
-def batches_to_reach(stamps, target_samples_per_s) -> int | None:
-    """The first batch at which the last WINDOW batches ran at `target` or faster."""
-    for i in range(WINDOW, len(stamps)):
-        rate = WINDOW * BATCH / (stamps[i] - stamps[i - WINDOW])
+def batches_to_reach(stamps, target_samples_per_s, window: int = WINDOW) -> int | None:
+    """The first batch at which the last `window` batches ran at `target` or faster."""
+    for i in range(window, len(stamps)):
+        rate = window * BATCH / (stamps[i] - stamps[i - window])
         if rate >= target_samples_per_s:
             return i + 1
     return None
@@ -103,5 +153,32 @@ def main(batches: int = 160, out=sys.stdout) -> dict:
           f"count ({best['num_workers']}); a {WINDOW}-batch window first reached 95% of it at "
           f"batch {reached if reached is not None else 'never'}; (batch, active workers): "
           f"{changes}", file=out)
+    depth = depth_scenario(DEPTH_BATCHES, out)
     return {"fixed": fixed, "auto": auto, "best": best["num_workers"], "reached_at": reached,
-            "step_s": step_s}
+            "step_s": step_s, "depth": depth}
+
+
+def depth_scenario(batches: int, out=sys.stdout) -> dict:
+    """prefetch_factor 1, 2, 4, 8 and "auto" on remote reads with a latency tail (module doc)."""
+    print(f"\nprefetch scenario: 2 workers read {BATCH} samples a batch from remote storage "
+          f"({1e3 * READ_S:g} ms a read, one in {TAIL_EVERY} takes {1e3 * TAIL_S:g} ms), an "
+          f"accelerator step of {1e3 * STEP_S:g} ms (sleep); {batches} batches a run", file=out)
+    fixed = [_run(2, batches, STEP_S, d, remote=True) for d in DEPTHS]
+    auto = _run(2, batches, STEP_S, "auto", remote=True)
+    best = max(fixed, key=lambda r: r["samples_per_s"])
+    reached = batches_to_reach(auto["stamps"], 0.95 * best["samples_per_s"], DEPTH_WINDOW)
+    print(f"{'prefetch':>12} {'samples/s':>10} {'of best':>8}", file=out)
+    for r in fixed + [auto]:
+        name = str(r["prefetch_factor"])
+        if r is auto:
+            name += f" (->{r.get('final_prefetch_factor')})"
+        print(f"{name:>12} {r['samples_per_s']:10.0f} "
+              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%", file=out)
+    changes = [(d["batch"], d["prefetch_factor"]) for d in auto.get("decisions", [])]
+    print(f"auto: {100 * auto['samples_per_s'] / best['samples_per_s']:.0f}% of the best fixed "
+          f"depth ({best['prefetch_factor']}); a {DEPTH_WINDOW}-batch window first reached 95% of it "
+          f"at batch {reached if reached is not None else 'never'}; (batch, prefetch_factor): "
+          f"{changes}", file=out)
+    return {"fixed": fixed, "auto": auto, "best": best["prefetch_factor"],
+            "reached_at": reached, "step_s": STEP_S, "read_s": READ_S, "tail_s": TAIL_S,
+            "tail_every": TAIL_EVERY}

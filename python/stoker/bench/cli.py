@@ -139,9 +139,10 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", metavar="FILE.png",
                     help="also sweep num_workers 1..4 on 'image' and plot throughput")
     ap.add_argument("--autotune", action="store_true",
-                    help="only the autotune scenario: fixed num_workers 1..CPUs against 'auto'")
+                    help="only the autotune scenarios: fixed num_workers 1..CPUs against 'auto', "
+                         "fixed prefetch_factor 1, 2, 4, 8 against 'auto'")
     ap.add_argument("--autotune-batches", type=int, default=160,
-                    help="batches per run of the autotune scenario")
+                    help="batches per run of the num_workers scenario (the prefetch one runs 1000)")
     ap.add_argument("--main-cost", action="store_true",
                     help="only the main process's own CPU per batch and per tensor")
     args = ap.parse_args(argv)
