@@ -407,3 +407,80 @@ def test_stoker_top_shows_the_depth():
     assert "prefetch 2 (auto)" in top.render(mine, {}, 0.0)
     del it
 
+
+
+class Uneven(torch.utils.data.IterableDataset):
+    """Worker 0's stream ends after 3 items, worker 1's after 60."""
+
+    def __iter__(self):
+        wid = torch.utils.data.get_worker_info().id
+        for k in range(3 if wid == 0 else 60):
+            time.sleep(0.002)
+            yield wid * 1000 + k
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_shallower_queue_after_a_stream_ended_still_delivers_the_other_streams(monkeypatch,
+                                                                                 persistent):
+    """The tasks an ended worker held are never answered; they must not keep counting as in
+    flight, or a queue made shallower (8, then 1) starves the other worker and the epoch ends
+    early."""
+    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+
+    def decide(self, window, batch):
+        self.depth = 8 if batch < 20 else 1
+        return self.active
+
+    monkeypatch.setattr(_autotune.Tuner, "decide", decide)
+
+    def make(cls, **kw):
+        return cls(Uneven(), batch_size=None, num_workers=2, persistent_workers=persistent, **kw)
+
+    want = sorted(int(x) for x in make(torch.utils.data.DataLoader))
+    dl = make(stoker.DataLoader, prefetch_factor="auto")
+    for _ in range(2):
+        assert sorted(int(x) for x in dl) == want
+
+
+def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
+    """A worker's counters start from zero when it is restarted: the window it died in would
+    read as idle workers while the loop waited (and deepen the queue for no reason)."""
+
+    class Workers:
+        def __init__(self):
+            self.pids = {0: 101, 1: 102}
+            self.busy = {0: 5.0, 1: 5.0}
+
+        def status(self, w):
+            return {"seconds_in": {"loading": self.busy[w], "collating": 0.0, "encoding": 0.0},
+                    "rss_bytes": 1}
+
+        def pid(self, w):
+            return self.pids[w]
+
+        def slot_usage(self):
+            return {"bytes_mapped": 4 << 20, "slots": 4}
+
+    class Stats:
+        waited_s = 0.0
+
+    monkeypatch.setattr(_autotune, "_proc_cpu_s", lambda pid: 0.0)
+    workers, stats = Workers(), Stats()
+    m = _autotune.Measure(stats, workers, usable_cpus=2, shared_memory_share=64 << 20)
+    m.restart([0, 1])
+    workers.busy = {0: 5.5, 1: 5.4}
+    stats.waited_s = 0.2
+    w = m.window([0, 1])
+    assert w is not None and w.workers == 2 and abs(w.worker_busy_s - 0.9) < 1e-9
+    assert w.slot_bytes == 1 << 20 and w.shared_memory_share == 64 << 20
+    workers.pids[1], workers.busy[1] = 202, 0.01  # worker 1 died and was restarted
+    stats.waited_s = 0.6
+    assert m.window([0, 1]) is None
+    workers.busy = {0: 6.0, 1: 0.5}
+    assert m.window([0, 1]) is not None  # the next window is judged again
+
+
+def test_a_starting_depth_above_the_most_is_kept():
+    t = _autotune.Tuner(bound=2, tune_workers=False, depth=16)
+    assert _depths(t, [_dwindow(busy=0.2)] * 4) == [16] * 4
+    assert "above the 8" in t.reason

@@ -114,12 +114,17 @@ class Tuner:
             initial = self.bound
         self.active = initial if initial is not None else max(1, self.bound // 2)
         self.active = min(self.bound, max(1, self.active))
-        self.depth = None if depth is None else min(MAX_DEPTH, max(1, depth))
+        # a starting depth above MAX_DEPTH (the user's own prefetch_factor under enable()) is
+        # kept: the tuner only grows up to MAX_DEPTH and shrinks for memory
+        self.depth = None if depth is None else max(1, depth)
         parts = []
         if tune_workers:
             parts.append(f"started {self.active} of at most {self.bound} workers")
         if self.depth is not None:
-            parts.append(f"prefetch_factor {self.depth} (at most {MAX_DEPTH})")
+            parts.append(f"prefetch_factor {self.depth} (tuned up to {MAX_DEPTH})"
+                         if self.depth <= MAX_DEPTH else
+                         f"prefetch_factor {self.depth} (above the {MAX_DEPTH} the tuner grows "
+                         "to: kept, lowered only when memory is short)")
         self.reason = ", ".join(parts)
         self.decisions: list[Decision] = [Decision(0, self.active, self.reason, self.depth)]
         self.settled_at: int | None = None  # the batch of the last change
@@ -316,6 +321,7 @@ class Measure:
         busy = 0.0
         cpu = 0.0
         rss = 0
+        pids = []
         for w in ids:
             st = self._workers.status(w)
             if st:
@@ -323,10 +329,11 @@ class Measure:
                 busy += s["loading"] + s["collating"] + s["encoding"]
                 rss = max(rss, st["rss_bytes"])
             pid = self._workers.pid(w)
+            pids.append(pid)
             if pid is not None:
                 cpu += _proc_cpu_s(pid)
         return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
-                tuple(ids))
+                tuple(ids), tuple(pids))
 
     def restart(self, ids) -> None:
         """Starts a window (after a change: the new worker's counters start from here)."""
@@ -339,15 +346,17 @@ class Measure:
         """The window since the last one, over workers `ids` (those that take tasks)."""
         now = self._now(ids)
         last, self._last = self._last, now
-        if last is None or now[1] < last[1] or now[6] != last[6]:
-            return None  # a new epoch reset the counters, or a stream's worker ended
+        if last is None or now[1] < last[1] or now[6:8] != last[6:8]:
+            # a new epoch reset the counters, a stream's worker ended, or a worker was
+            # restarted (its counters start from zero: the window would read as idle workers
+            # while the loop waited for the death to be handled)
+            return None
         usage = self._workers.slot_usage() or {}
         started = max(1, sum(1 for w in ids if self._workers.pid(w) is not None))
         mapped, slots = int(usage.get("bytes_mapped", 0)), int(usage.get("slots", 0))
         headroom, limit = _cgroup.memory_headroom()
         return Window(
             seconds=now[0] - last[0], waited_s=now[1] - last[1], main_cpu_s=now[2] - last[2],
-            # a worker restarted during the window counts from zero: never negative
             worker_cpu_s=max(0.0, now[3] - last[3]), worker_busy_s=max(0.0, now[4] - last[4]),
             usable_cpus=self._cpus, worker_rss=now[5],
             slot_bytes_per_worker=mapped // started,

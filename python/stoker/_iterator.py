@@ -531,6 +531,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                     t.active[data.worker_id] = False
                 else:
                     self._mark_worker_as_unavailable(data.worker_id)
+                t.ended(data.worker_id)
                 self._try_put_index()
                 continue
             if idx != t.rcvd_idx:

@@ -102,6 +102,16 @@ class TaskTable:
     def done(self, worker_id: int) -> None:
         self.per_worker[worker_id] -= 1
 
+    def ended(self, worker_id: int) -> None:
+        """`worker_id`'s stream ended: the tasks it still holds will never be answered (a worker
+        ignores tasks after its end). They stop counting as in flight, so they cannot fill the
+        queue (torch leaves them counted, which is harmless only at a fixed depth: a shallower
+        one under prefetch_factor="auto" would starve the other workers and end the epoch)."""
+        for task in self.in_flight(worker_id):
+            del self.info[task]
+            self.index.pop(task, None)
+            self.outstanding -= 1
+
     def indices_of(self, tasks) -> list:
         out = []
         for t in tasks:

@@ -234,7 +234,8 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
         f"num_workers={workers}, prefetch_factor={prefetch} for ~{sample_mb:g} MB samples "
         f"({budget})",
         "One core stays with the training loop. Raise num_workers while loader.stats()"
-        "['data_stall'] stays high and CPUs are idle."))
+        "['data_stall'] stays high and CPUs are idle; or let stoker.DataLoader tune both "
+        "during the epoch: num_workers=\"auto\", prefetch_factor=\"auto\"."))
     return checks
 
 
