@@ -484,3 +484,37 @@ def test_a_starting_depth_above_the_most_is_kept():
     t = _autotune.Tuner(bound=2, tune_workers=False, depth=16)
     assert _depths(t, [_dwindow(busy=0.2)] * 4) == [16] * 4
     assert "above the 8" in t.reason
+
+
+def test_deaths_while_the_depth_and_the_count_change_are_survived_in_order(script):
+    """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes
+    both the worker count and the depth at every window, persistent workers over two epochs:
+    every index once, in the sampler's order, three deaths, no worker left behind."""
+    r = script("""
+import itertools, tempfile, torch, stoker
+from stoker import _autotune, _cgroup
+from scenario_datasets import KillsOnceAt
+_cgroup.usable_cpus = lambda: 3
+_autotune.WINDOW_S = 0.0
+script = itertools.cycle([(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)])
+def decide(self, window, batch):
+    self.active, self.depth = next(script)
+    return self.active
+_autotune.Tuner.decide = decide
+loader = stoker.DataLoader(KillsOnceAt(bad=[5, 37, 90], marks=tempfile.mkdtemp(), n=120),
+                           batch_size=4, shuffle=True, num_workers="auto",
+                           prefetch_factor="auto", persistent_workers=True,
+                           generator=torch.Generator().manual_seed(1))
+ref = stoker.DataLoader(KillsOnceAt(bad=[], marks="", n=120), batch_size=4, shuffle=True,
+                        num_workers=2, persistent_workers=True,
+                        generator=torch.Generator().manual_seed(1))
+for epoch in range(2):
+    got = [b[1].tolist() for b in loader]
+    assert got == [b[1].tolist() for b in ref], epoch
+assert len(loader.deaths) == 3, loader.deaths
+assert {d.index for d in loader.deaths} == {5, 37, 90}, loader.deaths
+del loader
+import gc; gc.collect()
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
