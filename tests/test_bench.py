@@ -39,3 +39,20 @@ def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
     rate = per / (stamps[window_end] - stamps[window_end - autotune.WINDOW])
     assert rate >= 0.95 * per * 10 / autotune.WINDOW
     assert autotune.batches_to_reach(stamps[:20], 2.0 * autotune.BATCH) is None
+
+
+def test_autotune_settings_run_interleaved_in_rotating_order_and_the_median_counts():
+    from stoker.bench import autotune
+
+    order = []
+    speed = iter([10, 20, 30, 11, 21, 31, 12, 22, 32, 13, 23, 33])
+
+    def run(setting):
+        order.append(setting)
+        return {"setting": setting, "samples_per_s": next(speed)}
+
+    got = autotune.interleaved(["a", "b", "c"], run, rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [r["setting"] for r in got] == ["a", "b", "c"]
+    assert [r["rounds"] for r in got] == [[10, 31, 22], [20, 11, 32], [30, 21, 12]]
+    assert [r["samples_per_s"] for r in got] == [22, 20, 21]

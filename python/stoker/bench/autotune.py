@@ -2,9 +2,11 @@
 prefetch_factor="auto" against the best fixed prefetch_factor.
 
 Workers: the scenario where the right count is not obvious: workers decode JPEGs (random crop
-and flip) and the training step itself takes a core (a busy loop in the main process, as a
-CPU-side step or a host-side launch loop would). Every fixed count from 1 to the usable CPUs is
-run, then "auto".
+and flip) and the training step itself takes a core: a fixed amount of CPU work in the main
+process (as a CPU-side step or a host-side launch loop), calibrated on an idle core to last about
+as long as loading a batch takes (CPUs - 1) / 1.5 workers. Fixed work, not a wall-clock spin: a
+step that spins until a deadline loses nothing when a worker takes its core, which makes too
+many workers look free. Every fixed count from 1 to the usable CPUs is run, then "auto".
 
 Depth: two workers read 64 KiB samples from remote storage with a latency tail (``READ_S`` a
 read, one in ``TAIL_EVERY`` takes ``TAIL_S``, drawn per index) and a training step that leaves
@@ -12,8 +14,10 @@ the CPU free (an accelerator's: a sleep of ``STEP_S``). A slow read holds the li
 waits for it while the other worker runs out of work unless it may hold more batches.
 prefetch_factor 1, 2, 4, 8 and "auto" are run, ``DEPTH_BATCHES`` batches each.
 
-Each run is a fresh interpreter. Throughput is taken over the second half of a run (the steady
-state); for "auto", the table also says after how many batches a sliding window of ``WINDOW``
+Each run is a fresh interpreter. The num_workers settings run ``ROUNDS`` times each, in an
+order that rotates every round, and the median counts: on a shared machine the speed drifts by
+10-20% within a minute, more than the settings differ. Throughput is taken over the second half
+of a run (the steady state); for "auto", the table also says after how many batches a sliding window of ``WINDOW``
 batches first reached 95% of the best fixed setting's throughput.
 """
 
@@ -27,6 +31,7 @@ import sys
 import time
 
 WINDOW = 16  # batches in the sliding throughput window
+ROUNDS = 3  # the num_workers scenario runs each setting this often (rotating order)
 BATCH = 16
 READ_S = 0.0005  # a read from the remote store
 TAIL_EVERY = 128  # one read in this many is slow
@@ -79,8 +84,30 @@ def calibrate_step_s(cpus: int) -> float:
     return decode_s_per_batch() / max(1.0, (cpus - 1) / 1.5)
 
 
-def run_in_process(num_workers, batches: int, step_s: float, prefetch_factor=None,
+def step_work(n: int) -> int:
+    """The training step's CPU work: `n` rounds of integer arithmetic."""
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+
+def calibrate_work(step_s: float) -> int:
+    """The rounds of ``step_work`` that take `step_s` on this (idle) core: the best of 5."""
+    n = 200_000
+    best = min(_timed(step_work, n) for _ in range(5))
+    return max(1, int(n * step_s / best))
+
+
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def run_in_process(num_workers, batches: int, step, prefetch_factor=None,
                    remote: bool = False) -> dict:
+    """`step`: the training step, seconds of sleep with `remote`, else rounds of step_work."""
     import stoker
 
     ds = RemoteReads(BATCH * batches) if remote else _dataset(BATCH * batches)
@@ -89,11 +116,9 @@ def run_in_process(num_workers, batches: int, step_s: float, prefetch_factor=Non
     stamps = []
     for _ in dl:
         if remote:  # the accelerator's step: the CPU is free meanwhile
-            time.sleep(step_s)
-        else:
-            end = time.perf_counter() + step_s
-            while time.perf_counter() < end:  # the training step: one core, busy
-                pass
+            time.sleep(step)
+        else:  # the training step: one core, busy
+            step_work(step)
         stamps.append(time.perf_counter())
     half = len(stamps) // 2
     steady = (len(stamps) - half - 1) * BATCH / (stamps[-1] - stamps[half])
@@ -107,9 +132,9 @@ def run_in_process(num_workers, batches: int, step_s: float, prefetch_factor=Non
     return out
 
 
-def _run(num_workers, batches, step_s, prefetch_factor=None, remote=False, timeout=300) -> dict:
+def _run(num_workers, batches, step, prefetch_factor=None, remote=False, timeout=300) -> dict:
     code = ("import json; from stoker.bench.autotune import run_in_process; print('RESULT', "
-            f"json.dumps(run_in_process({num_workers!r}, {batches}, {step_s!r}, "
+            f"json.dumps(run_in_process({num_workers!r}, {batches}, {step!r}, "
             f"{prefetch_factor!r}, {remote!r})))")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -129,25 +154,45 @@ def batches_to_reach(stamps, target_samples_per_s, window: int = WINDOW) -> int 
     return None
 
 
-def main(batches: int = 160, out=sys.stdout) -> dict:
+def interleaved(settings, run, rounds: int) -> list[dict]:
+    """Runs every setting `rounds` times, the order rotating each round (the machine's speed
+    drifts: a setting always run last would pay for it); per setting, the run with the median
+    throughput, with every round's throughput in ``"rounds"``."""
+    runs: dict = {i: [] for i in range(len(settings))}
+    for r in range(rounds):
+        for k in range(len(settings)):
+            i = (k + r) % len(settings)
+            runs[i].append(run(settings[i]))
+    out = []
+    for i in range(len(settings)):
+        ordered = sorted(runs[i], key=lambda x: x["samples_per_s"])
+        median = dict(ordered[len(ordered) // 2])
+        median["rounds"] = [x["samples_per_s"] for x in runs[i]]
+        out.append(median)
+    return out
+
+
+def main(batches: int = 160, out=sys.stdout, rounds: int = ROUNDS) -> dict:
     from .._cgroup import usable_cpus
 
     cpus = usable_cpus()
     step_s = calibrate_step_s(cpus)
+    work = calibrate_work(step_s)
     print(f"autotune scenario: JPEG decode in workers ({BATCH} per batch), a training step of "
-          f"{1e3 * step_s:.1f} ms busy on one core; {cpus} usable CPUs; {batches} batches a run",
-          file=out)
-    fixed = [_run(k, batches, step_s) for k in range(1, cpus + 1)]
-    auto = _run("auto", batches, step_s)
+          f"{1e3 * step_s:.1f} ms of CPU work on an idle core; {cpus} usable CPUs; {batches} "
+          f"batches a run, {rounds} rounds in rotating order, the median of each", file=out)
+    *fixed, auto = interleaved(list(range(1, cpus + 1)) + ["auto"],
+                               lambda k: _run(k, batches, work), rounds)
     best = max(fixed, key=lambda r: r["samples_per_s"])
     reached = batches_to_reach(auto["stamps"], 0.95 * best["samples_per_s"])
-    print(f"{'num_workers':>12} {'samples/s':>10} {'of best':>8}", file=out)
+    print(f"{'num_workers':>12} {'samples/s':>10} {'of best':>8}  rounds", file=out)
     for r in fixed + [auto]:
         name = str(r["num_workers"])
         if r is auto:
             name += f" (->{r.get('active_workers')})"
         print(f"{name:>12} {r['samples_per_s']:10.0f} "
-              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%", file=out)
+              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%  "
+              f"{' '.join(f'{x:.0f}' for x in r['rounds'])}", file=out)
     changes = [(d["batch"], d["active"]) for d in auto.get("decisions", [])]
     print(f"auto: {100 * auto['samples_per_s'] / best['samples_per_s']:.0f}% of the best fixed "
           f"count ({best['num_workers']}); a {WINDOW}-batch window first reached 95% of it at "
@@ -155,7 +200,7 @@ def main(batches: int = 160, out=sys.stdout) -> dict:
           f"{changes}", file=out)
     depth = depth_scenario(DEPTH_BATCHES, out)
     return {"fixed": fixed, "auto": auto, "best": best["num_workers"], "reached_at": reached,
-            "step_s": step_s, "depth": depth}
+            "step_s": step_s, "step_work": work, "depth": depth}
 
 
 def depth_scenario(batches: int, out=sys.stdout) -> dict:

@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     if args.autotune:
         from . import autotune
 
-        result = autotune.main(args.autotune_batches)
+        result = autotune.main(args.autotune_batches, rounds=args.rounds)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
