@@ -182,24 +182,33 @@ def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypa
     assert dl.stats()["autotune"]["max_workers"] == 4
 
 
-def test_deaths_while_the_count_changes_are_survived_in_order(script):
+@pytest.mark.parametrize("steps,depth", [
+    ("[1, 3, 2]", None),  # the worker count only
+    ("[(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)]", "auto"),  # the count and the depth
+])
+def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(script, steps, depth):
     """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes the
-    count at every window, persistent workers over two epochs: every index once, in the
-    sampler's order, three deaths, no worker left behind."""
-    r = script("""
+    count (and the depth) at every window, persistent workers over two epochs: every index once,
+    in the sampler's order, three deaths, no worker left behind."""
+    r = script(f"""
 import itertools, os, tempfile, torch, stoker
 from stoker import _autotune, _cgroup
 from scenario_datasets import KillsOnceAt
 _cgroup.usable_cpus = lambda: 3
 _autotune.WINDOW_S = 0.0
-script = itertools.cycle([1, 3, 2])
+script = itertools.cycle({steps})
 def decide(self, window, batch):
-    self.active = next(script)
+    step = next(script)
+    if isinstance(step, tuple):
+        self.active, self.depth = step
+    else:
+        self.active = step
     return self.active
 _autotune.Tuner.decide = decide
 loader = stoker.DataLoader(KillsOnceAt(bad=[5, 37, 90], marks=tempfile.mkdtemp(), n=120),
                            batch_size=4, shuffle=True, num_workers="auto",
-                           persistent_workers=True, generator=torch.Generator().manual_seed(1))
+                           prefetch_factor={depth!r}, persistent_workers=True,
+                           generator=torch.Generator().manual_seed(1))
 ref = stoker.DataLoader(KillsOnceAt(bad=[], marks="", n=120), batch_size=4, shuffle=True,
                         num_workers=2, persistent_workers=True,
                         generator=torch.Generator().manual_seed(1))
@@ -207,7 +216,7 @@ for epoch in range(2):
     got = [b[1].tolist() for b in loader]
     assert got == [b[1].tolist() for b in ref], epoch
 assert len(loader.deaths) == 3, loader.deaths
-assert {d.index for d in loader.deaths} == {5, 37, 90}, loader.deaths
+assert {{d.index for d in loader.deaths}} == {{5, 37, 90}}, loader.deaths
 del loader
 import gc; gc.collect()
 print("OK")
@@ -485,36 +494,3 @@ def test_a_starting_depth_above_the_most_is_kept():
     assert _depths(t, [_dwindow(busy=0.2)] * 4) == [16] * 4
     assert "above the 8" in t.reason
 
-
-def test_deaths_while_the_depth_and_the_count_change_are_survived_in_order(script):
-    """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes
-    both the worker count and the depth at every window, persistent workers over two epochs:
-    every index once, in the sampler's order, three deaths, no worker left behind."""
-    r = script("""
-import itertools, tempfile, torch, stoker
-from stoker import _autotune, _cgroup
-from scenario_datasets import KillsOnceAt
-_cgroup.usable_cpus = lambda: 3
-_autotune.WINDOW_S = 0.0
-script = itertools.cycle([(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)])
-def decide(self, window, batch):
-    self.active, self.depth = next(script)
-    return self.active
-_autotune.Tuner.decide = decide
-loader = stoker.DataLoader(KillsOnceAt(bad=[5, 37, 90], marks=tempfile.mkdtemp(), n=120),
-                           batch_size=4, shuffle=True, num_workers="auto",
-                           prefetch_factor="auto", persistent_workers=True,
-                           generator=torch.Generator().manual_seed(1))
-ref = stoker.DataLoader(KillsOnceAt(bad=[], marks="", n=120), batch_size=4, shuffle=True,
-                        num_workers=2, persistent_workers=True,
-                        generator=torch.Generator().manual_seed(1))
-for epoch in range(2):
-    got = [b[1].tolist() for b in loader]
-    assert got == [b[1].tolist() for b in ref], epoch
-assert len(loader.deaths) == 3, loader.deaths
-assert {d.index for d in loader.deaths} == {5, 37, 90}, loader.deaths
-del loader
-import gc; gc.collect()
-print("OK")
-""", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -183,24 +183,32 @@ def main(batches: int = 160, out=sys.stdout, rounds: int = ROUNDS) -> dict:
           f"batches a run, {rounds} rounds in rotating order, the median of each", file=out)
     *fixed, auto = interleaved(list(range(1, cpus + 1)) + ["auto"],
                                lambda k: _run(k, batches, work), rounds)
-    best = max(fixed, key=lambda r: r["samples_per_s"])
-    reached = batches_to_reach(auto["stamps"], 0.95 * best["samples_per_s"])
-    print(f"{'num_workers':>12} {'samples/s':>10} {'of best':>8}  rounds", file=out)
-    for r in fixed + [auto]:
-        name = str(r["num_workers"])
-        if r is auto:
-            name += f" (->{r.get('active_workers')})"
-        print(f"{name:>12} {r['samples_per_s']:10.0f} "
-              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%  "
-              f"{' '.join(f'{x:.0f}' for x in r['rounds'])}", file=out)
-    changes = [(d["batch"], d["active"]) for d in auto.get("decisions", [])]
-    print(f"auto: {100 * auto['samples_per_s'] / best['samples_per_s']:.0f}% of the best fixed "
-          f"count ({best['num_workers']}); a {WINDOW}-batch window first reached 95% of it at "
-          f"batch {reached if reached is not None else 'never'}; (batch, active workers): "
-          f"{changes}", file=out)
+    best, reached = _report(fixed, auto, "num_workers", "active_workers", "active", WINDOW,
+                            "count", out)
     depth = depth_scenario(DEPTH_BATCHES, out)
     return {"fixed": fixed, "auto": auto, "best": best["num_workers"], "reached_at": reached,
             "step_s": step_s, "step_work": work, "depth": depth}
+
+
+def _report(fixed, auto, setting, final, decided, window, what, out):
+    """Prints the table of one scenario; (the best fixed run, the batch at which a `window`
+    of "auto" first ran at 95% of it)."""
+    best = max(fixed, key=lambda r: r["samples_per_s"])
+    reached = batches_to_reach(auto["stamps"], 0.95 * best["samples_per_s"], window)
+    rounds = "rounds" in best
+    print(f"{setting:>15} {'samples/s':>10} {'of best':>8}" + ("  rounds" if rounds else ""),
+          file=out)
+    for r in fixed + [auto]:
+        name = str(r[setting]) + (f" (->{r.get(final)})" if r is auto else "")
+        tail = f"  {' '.join(f'{x:.0f}' for x in r['rounds'])}" if rounds else ""
+        print(f"{name:>15} {r['samples_per_s']:10.0f} "
+              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%{tail}", file=out)
+    changes = [(d["batch"], d[decided]) for d in auto.get("decisions", [])]
+    print(f"auto: {100 * auto['samples_per_s'] / best['samples_per_s']:.0f}% of the best fixed "
+          f"{what} ({best[setting]}); a {window}-batch window first reached 95% of it at batch "
+          f"{reached if reached is not None else 'never'}; (batch, {decided}): {changes}",
+          file=out)
+    return best, reached
 
 
 def depth_scenario(batches: int, out=sys.stdout) -> dict:
@@ -210,20 +218,8 @@ def depth_scenario(batches: int, out=sys.stdout) -> dict:
           f"accelerator step of {1e3 * STEP_S:g} ms (sleep); {batches} batches a run", file=out)
     fixed = [_run(2, batches, STEP_S, d, remote=True) for d in DEPTHS]
     auto = _run(2, batches, STEP_S, "auto", remote=True)
-    best = max(fixed, key=lambda r: r["samples_per_s"])
-    reached = batches_to_reach(auto["stamps"], 0.95 * best["samples_per_s"], DEPTH_WINDOW)
-    print(f"{'prefetch':>12} {'samples/s':>10} {'of best':>8}", file=out)
-    for r in fixed + [auto]:
-        name = str(r["prefetch_factor"])
-        if r is auto:
-            name += f" (->{r.get('final_prefetch_factor')})"
-        print(f"{name:>12} {r['samples_per_s']:10.0f} "
-              f"{100 * r['samples_per_s'] / best['samples_per_s']:7.0f}%", file=out)
-    changes = [(d["batch"], d["prefetch_factor"]) for d in auto.get("decisions", [])]
-    print(f"auto: {100 * auto['samples_per_s'] / best['samples_per_s']:.0f}% of the best fixed "
-          f"depth ({best['prefetch_factor']}); a {DEPTH_WINDOW}-batch window first reached 95% of it "
-          f"at batch {reached if reached is not None else 'never'}; (batch, prefetch_factor): "
-          f"{changes}", file=out)
+    best, reached = _report(fixed, auto, "prefetch_factor", "final_prefetch_factor",
+                            "prefetch_factor", DEPTH_WINDOW, "depth", out)
     return {"fixed": fixed, "auto": auto, "best": best["prefetch_factor"],
             "reached_at": reached, "step_s": STEP_S, "read_s": READ_S, "tail_s": TAIL_S,
             "tail_every": TAIL_EVERY}
