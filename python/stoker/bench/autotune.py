@@ -23,10 +23,7 @@ batches first reached 95% of the best fixed setting's throughput.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
 import sys
 import time
 
@@ -133,16 +130,14 @@ def run_in_process(num_workers, batches: int, step, prefetch_factor=None,
 
 
 def _run(num_workers, batches, step, prefetch_factor=None, remote=False, timeout=300) -> dict:
-    code = ("import json; from stoker.bench.autotune import run_in_process; print('RESULT', "
-            f"json.dumps(run_in_process({num_workers!r}, {batches}, {step!r}, "
-            f"{prefetch_factor!r}, {remote!r})))")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"num_workers={num_workers!r}: {p.stderr.strip()[-2000:]}")
+    from .harness import in_fresh_interpreter
+
+    res, stderr = in_fresh_interpreter(
+        "autotune", "run_in_process", (num_workers, batches, step, prefetch_factor, remote),
+        timeout)
+    if res is None:
+        raise RuntimeError(f"num_workers={num_workers!r}: {stderr.strip()[-2000:]}")
+    return res
 
 
 def batches_to_reach(stamps, target_samples_per_s, window: int = WINDOW) -> int | None:

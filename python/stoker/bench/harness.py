@@ -168,21 +168,30 @@ def run_with_memory_baseline(who: str, workload: str, workers: int) -> dict:
     return res
 
 
-def run(who: str, workload: str, workers: int, timeout: float = 300,
-        start_method=None) -> dict:
-    """One measured run in a fresh interpreter, so runs cannot disturb each other."""
-    code = (
-        "import json, sys; from stoker.bench.harness import run_in_process; print('RESULT', "
-        f"json.dumps(run_in_process({who!r}, {workload!r}, {workers}, {start_method!r})))"
-    )
+def in_fresh_interpreter(module: str, func: str, args: tuple, timeout: float = 300):
+    """Calls ``stoker.bench.<module>.<func>(*args)`` in a fresh interpreter, so runs cannot
+    disturb each other: (its result, through JSON, or None when it printed none; its stderr).
+    ``subprocess.TimeoutExpired`` past `timeout`."""
+    code = (f"import json; from stoker.bench.{module} import {func}; "
+            f"print('RESULT', json.dumps({func}(*{args!r})))")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"loader": who, "workload": workload, "error": f"timed out after {timeout} s"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    err = (p.stderr.strip().splitlines() or ["no output"])[-1]
+            return json.loads(line[len("RESULT "):]), p.stderr
+    return None, p.stderr
+
+
+def run(who: str, workload: str, workers: int, timeout: float = 300,
+        start_method=None) -> dict:
+    """One measured run in a fresh interpreter."""
+    try:
+        res, stderr = in_fresh_interpreter(
+            "harness", "run_in_process", (who, workload, workers, start_method), timeout)
+    except subprocess.TimeoutExpired:
+        return {"loader": who, "workload": workload, "error": f"timed out after {timeout} s"}
+    if res is not None:
+        return res
+    err = (stderr.strip().splitlines() or ["no output"])[-1]
     return {"loader": who, "workload": workload, "error": err}

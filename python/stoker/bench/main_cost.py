@@ -10,8 +10,6 @@ the least of 3 epochs, for K = 1 and K = 128; the slope between them is the cost
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -57,15 +55,12 @@ def run_in_process(who: str, k: int) -> float:
 
 
 def _run(who, k, timeout=300) -> float:
-    code = ("from stoker.bench.main_cost import run_in_process; "
-            f"print('RESULT', run_in_process({who!r}, {k}))")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=timeout, env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return float(line.split()[1])
-    raise RuntimeError(f"{who}, {k} tensors: {p.stderr.strip()[-2000:]}")
+    from .harness import in_fresh_interpreter
+
+    res, stderr = in_fresh_interpreter("main_cost", "run_in_process", (who, k), timeout)
+    if res is None:
+        raise RuntimeError(f"{who}, {k} tensors: {stderr.strip()[-2000:]}")
+    return float(res)
 
 
 def main(out=sys.stdout) -> dict:
