@@ -13,7 +13,9 @@ import torch
 
 import stoker
 from conftest import write_file
-from stoker import _autotune, _cgroup
+from stoker import _system as _cgroup
+from stoker.autotune import measure as _measure
+from stoker.autotune import tuner as _autotune
 
 GiB = 1 << 30
 
@@ -158,7 +160,7 @@ def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypa
     epochs: each epoch has every sample once, in the sampler's order, with the values a fixed
     num_workers gives."""
     monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+    monkeypatch.setattr(_measure, "WINDOW_S", 0.0)
     script = itertools.cycle([1, 3, 2, 4])
     seen = []
 
@@ -192,10 +194,12 @@ def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(script, s
     in the sampler's order, three deaths, no worker left behind."""
     r = script(f"""
 import itertools, os, tempfile, torch, stoker
-from stoker import _autotune, _cgroup
+from stoker import _system as _cgroup
+from stoker.autotune import measure as _measure
+from stoker.autotune import tuner as _autotune
 from scenario_datasets import KillsOnceAt
 _cgroup.usable_cpus = lambda: 3
-_autotune.WINDOW_S = 0.0
+_measure.WINDOW_S = 0.0
 script = itertools.cycle({steps})
 def decide(self, window, batch):
     step = next(script)
@@ -317,7 +321,7 @@ class HeldLine(torch.utils.data.Dataset):
 
 @pytest.fixture
 def quick_depth(monkeypatch):
-    monkeypatch.setattr(_autotune, "WINDOW_S", 0.05)
+    monkeypatch.setattr(_measure, "WINDOW_S", 0.05)
     monkeypatch.setattr(_autotune, "DEPTH_WINDOW_S", 0.3)
 
 
@@ -343,7 +347,7 @@ def test_the_next_epoch_starts_from_the_depth_learnt(quick_depth):
     learnt = dl.stats()["autotune"]["prefetch_factor"]
     assert learnt > 2
     it = iter(dl)
-    assert it._tasks.prefetch_factor == learnt
+    assert it.stats()["tasks"]["prefetch_factor"] == learnt
     assert "where the last epoch ended" in dl.stats()["autotune"]["decisions"][0]["reason"]
     del it
 
@@ -359,7 +363,7 @@ class Stream(torch.utils.data.IterableDataset):
 def test_scripted_depths_keep_every_value_with_persistent_workers_and_a_stream(monkeypatch):
     """A tuner that changes the depth at every window (1, 6, 2, 8, 3, ...) over two epochs,
     persistent workers, a shuffled map-style dataset and an IterableDataset: torch's batches."""
-    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+    monkeypatch.setattr(_measure, "WINDOW_S", 0.0)
     script = itertools.cycle([1, 6, 2, 8, 3])
     seen = []
 
@@ -434,7 +438,7 @@ def test_a_shallower_queue_after_a_stream_ended_still_delivers_the_other_streams
     """The tasks an ended worker held are never answered; they must not keep counting as in
     flight, or a queue made shallower (8, then 1) starves the other worker and the epoch ends
     early."""
-    monkeypatch.setattr(_autotune, "WINDOW_S", 0.0)
+    monkeypatch.setattr(_measure, "WINDOW_S", 0.0)
 
     def decide(self, window, batch):
         self.depth = 8 if batch < 20 else 1
@@ -467,15 +471,17 @@ def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
         def pid(self, w):
             return self.pids[w]
 
+        def cpu_seconds(self, w):
+            return 0.0
+
         def slot_usage(self):
             return {"bytes_mapped": 4 << 20, "slots": 4}
 
     class Stats:
         waited_s = 0.0
 
-    monkeypatch.setattr(_autotune, "_proc_cpu_s", lambda pid: 0.0)
     workers, stats = Workers(), Stats()
-    m = _autotune.Measure(stats, workers, usable_cpus=2, shared_memory_share=64 << 20)
+    m = _measure.Measure(stats, workers, usable_cpus=2, shared_memory_share=64 << 20)
     m.restart([0, 1])
     workers.busy = {0: 5.5, 1: 5.4}
     stats.waited_s = 0.2

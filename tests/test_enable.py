@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import stoker
-from stoker import _enable
+from stoker.integrations import enable as _enable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -66,7 +66,7 @@ def test_options_are_public_attributes_and_survive_recreation():
     for name in ("on_error", "max_retries", "hang_timeout", "on_worker_death",
                  "max_shared_memory"):
         assert getattr(again, name) == getattr(dl, name), name
-    assert again._stoker_options["max_shared_memory"] == 1 << 30
+    assert again.options.max_shared_memory == 1 << 30
 
 
 class Squares(torch.utils.data.Dataset):

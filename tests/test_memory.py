@@ -88,9 +88,9 @@ print("OK")
 # 1 MiB batches; 8 MiB split between 2 workers leaves each room for 3 slots.
 _CAPPED = """
 import time, torch, stoker
-from stoker import _worker
+from stoker.engine import process
 from scenario_datasets import Squares
-_worker.SHARED_MEMORY_PATIENCE_S = {patience}
+process.SHARED_MEMORY_PATIENCE_S = {patience}
 CAP = 8 << 20
 loader = stoker.DataLoader(Squares(n=4 * 60, shape=(64 * 1024,)), batch_size=4, num_workers=2,
                            max_shared_memory=CAP, multiprocessing_context="fork")
@@ -143,21 +143,21 @@ print("OK")
 
 def test_max_shared_memory_values():
     import stoker
-    from stoker import _cgroup, _loader
+    from stoker import _system
+    from stoker.config.options import shared_memory_cap
 
     ds = list(range(8))
-    assert stoker.DataLoader(ds, max_shared_memory=1 << 30)._stoker_options[
-        "max_shared_memory"] == 1 << 30
-    assert stoker.DataLoader(ds, max_shared_memory=None)._stoker_options[
-        "max_shared_memory"] is None
+    assert stoker.DataLoader(ds, max_shared_memory=1 << 30).options.shared_memory_cap() \
+        == 1 << 30
+    assert stoker.DataLoader(ds, max_shared_memory=None).options.shared_memory_cap() is None
     for bad in (0, -1, 1.5, "4GiB", True):
         with pytest.raises(ValueError, match="max_shared_memory"):
             stoker.DataLoader(ds, max_shared_memory=bad)
-    real = _cgroup.memory_limit_and_usage
+    real = _system.memory_limit_and_usage
     try:
-        _cgroup.memory_limit_and_usage = lambda: (8 << 30, 1 << 30)
-        assert _loader._shared_memory_cap("auto") == 4 << 30
-        _cgroup.memory_limit_and_usage = lambda: (None, None)
-        assert _loader._shared_memory_cap("auto") is None
+        _system.memory_limit_and_usage = lambda: (8 << 30, 1 << 30)
+        assert shared_memory_cap("auto") == 4 << 30
+        _system.memory_limit_and_usage = lambda: (None, None)
+        assert shared_memory_cap("auto") is None
     finally:
-        _cgroup.memory_limit_and_usage = real
+        _system.memory_limit_and_usage = real

@@ -38,6 +38,33 @@ print("OK")
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
+def test_an_iterator_is_freed_the_moment_it_is_dropped(script):
+    """No part of an iterator holds a reference back to it: dropped mid-epoch, it is freed by its
+    reference count alone (the garbage collector is off), its workers end and its descriptors
+    close, with autotune and the hang watch on too."""
+    r = script("""
+import gc, os, weakref, stoker
+from scenario_datasets import Squares
+gc.disable()
+def fds(): return len(os.listdir('/proc/self/fd'))
+before = fds()
+for kw in ({"num_workers": 2}, {"num_workers": "auto", "prefetch_factor": "auto"},
+           {"num_workers": 2, "hang_timeout": 30.0, "seed": "per_sample"}):
+    loader = stoker.DataLoader(Squares(n=64, shape=(16,)), batch_size=4, **kw)
+    it = iter(loader)
+    next(it)
+    pids = [p.pid for p in it._workers]
+    ref = weakref.ref(it)
+    del it
+    assert ref() is None, kw
+    assert fds() == before, (kw, before, fds())
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
 def test_main_process_holds_few_fds_while_user_holds_many_batches(script):
     r = script("""
 import os, torch, stoker
@@ -69,8 +96,8 @@ loader = stoker.DataLoader(Squares(n=2000, shape=(1024,)), batch_size=8, num_wor
 it = iter(loader)
 for i, b in enumerate(it):
     del b
-    if i == 20: slots = it._set._sup.mapped_slot_count
-final = it._set._sup.mapped_slot_count if not it._shutdown else slots
+    if i == 20: slots = it.workers.mapped_slots()
+final = it.workers.mapped_slots() if not it.closed else slots
 # prefetch_factor * workers in flight, plus the batch being handed out: a small constant
 assert slots <= 2 * 2 + 4, slots
 print("OK", slots)

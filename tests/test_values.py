@@ -233,7 +233,7 @@ def test_exception_whose_str_raises_is_reported():
 
 
 def test_encode_error_survives_what_it_reports():
-    from stoker import _protocol
+    from stoker.engine import protocol as _protocol
 
     class Local(Exception):  # a type pickle cannot find
         def __str__(self):
@@ -297,7 +297,8 @@ def test_nesting_deeper_than_the_limit_in_a_slot_is_corrupt():
 
 
 def test_status_page_layout_comes_from_the_engine():
-    from stoker import _board, top
+    from stoker import top
+    from stoker.engine import board as _board
 
     fields = _stoker.STATUS_FIELDS
     assert _stoker.STATUS_PAGE_BYTES == 8 * len(fields)
@@ -341,7 +342,7 @@ def test_a_live_status_page_reads_with_the_exported_fields():
 
 
 def test_message_types_and_dtypes_come_from_the_engine():
-    from stoker import _protocol
+    from stoker.engine import protocol as _protocol
 
     types = _stoker.MESSAGE_TYPES
     assert len(set(types.values())) == len(types)

@@ -11,6 +11,11 @@ or, for loaders a framework builds (Lightning, accelerate, the transformers Trai
 The engine itself (``stoker._stoker``), ``SharedList`` and the ``stoker`` command's ``doctor``
 work without torch. Where torch is installed, ``DataLoader`` is imported with the package, so it
 exists before any framework looks for DataLoader subclasses.
+
+The package's layers, bottom up (imports run one way; tests/test_layers.py checks it, and
+docs/design/python.md explains it): leaves (``_errors``, ``_system``, ``_indices``, ...),
+``config``, ``engine``, ``placements``, ``resume``, ``autotune``, ``iterators``, the loader,
+``integrations``, and the tools (``doctor``, ``top``, ``monitoring``, ``bench``).
 """
 
 from ._errors import (
@@ -54,14 +59,14 @@ def enable(**options) -> None:
     (``on_error``, ``max_retries``, ``on_worker_death``, ``hang_timeout``, ...) as defaults.
     ``num_workers=0`` stays torch's. Undone by ``disable()``. ``stoker run script.py`` does this
     for a script, unchanged."""
-    from ._enable import enable as _enable
+    from .integrations.enable import enable as _enable
 
     _enable(**options)
 
 
 def disable() -> None:
     """Undoes ``enable()``."""
-    from ._enable import disable as _disable
+    from .integrations.enable import disable as _disable
 
     _disable()
 
@@ -69,9 +74,9 @@ def disable() -> None:
 def stats(loader) -> dict:
     """``stats()`` of any DataLoader stoker served (a torch one under ``enable()`` too): workers,
     batches, data stall, deaths, skips, and ``served_by``."""
-    from ._state import stats_of
+    from .iterators.stats import loader_stats
 
-    return stats_of(loader)
+    return loader_stats(loader)
 
 
 def _import_loader():

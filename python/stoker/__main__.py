@@ -7,7 +7,7 @@ import sys
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": "stoker._run", "bench": "stoker.bench.cli", "top": "stoker.top", "doctor": "stoker.doctor"}
+    commands = {"run": "stoker.integrations.run", "bench": "stoker.bench.cli", "top": "stoker.top", "doctor": "stoker.doctor"}
     if not argv or argv[0] not in commands:
         print("usage: stoker {" + ",".join(commands) + "} [options]  (stoker COMMAND --help)",
               file=sys.stderr)

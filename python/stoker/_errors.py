@@ -1,7 +1,10 @@
-"""stoker's exceptions: one small hierarchy users can catch.
+"""stoker's exceptions: one small hierarchy users can catch (docs/design/errors.md).
 
 Errors raised by the user's own code (``__getitem__``, ``collate_fn``) keep their own type, as in
-torch; these classes cover what the loader itself has to say.
+torch; these classes cover what the loader itself has to say. A leaf: imports nothing of stoker
+but ``_system`` (for a message's byte counts).
+
+Plain exception classes: raised and caught on any thread.
 """
 
 
@@ -20,7 +23,7 @@ class SharedMemoryLimitError(EngineError, MemoryError):
 
 def shared_memory_limit_message(worker_message: str, usage: dict) -> str:
     """The worker's report, with what the user holds over all workers and what to do."""
-    from ._cgroup import human_bytes
+    from ._system import human_bytes
 
     return (
         f"{worker_message}\nIn all, your code holds {usage.get('slots_held_by_user', 0)} "
@@ -52,7 +55,8 @@ class WorkerCrashed(WorkerError):
 
     Attributes: ``worker_id``, ``pid``, ``signal`` (a name such as ``"SIGKILL"``, or None),
     ``exit_code`` (or None when a signal killed it), ``cause`` (in words), ``indices`` (the
-    task numbers it had in flight).
+    dataset indices it was loading: the one it died on when known, else every index of the
+    batches it had in flight).
     """
 
     def __init__(self, message, *, worker_id=None, pid=None, signal=None, exit_code=None,

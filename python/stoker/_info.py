@@ -1,9 +1,14 @@
-"""get_worker_info(): the same object through stoker and torch."""
+"""get_worker_info(): the same object through stoker and torch.
+
+Set once in each worker process, before the dataset runs; read from any thread.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from ._torch_compat import set_torch_worker_info
 
 _worker_info = None
 
@@ -21,12 +26,7 @@ class WorkerInfo:
 def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:
     global _worker_info
     try:
-        from torch.utils.data._utils import worker as torch_worker
-
-        info = torch_worker.WorkerInfo(
-            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
-        )
-        torch_worker._worker_info = info
+        info = set_torch_worker_info(worker_id, num_workers, seed, dataset)
     except ImportError:
         info = WorkerInfo(worker_id, num_workers, seed, dataset)
     _worker_info = info

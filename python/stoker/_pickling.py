@@ -4,6 +4,8 @@ Plain pickle, except for torch tensors that DLPack cannot export (float8, comple
 views...): torch's own pickling of those relies on its shared-memory reductions, so they travel
 here as their raw bytes plus dtype and shape, and are rebuilt as the same tensor. Meta and nested
 tensors, and tensor subclasses, use torch's plain pickling, as torch.save does.
+
+Pure functions: any thread (the worker's encoder calls ``dumps``).
 """
 
 from __future__ import annotations

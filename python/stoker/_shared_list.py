@@ -10,6 +10,8 @@ which is only ever read. Workers share the pages whatever the start method: with
 
     paths = stoker.SharedList({"path": p, "label": y} for p, y in records)
     paths[17]  # -> a fresh dict equal to the original
+
+A SharedList is immutable once built: read it from any thread and any process.
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
 """Every private name of torch that stoker uses, in one place.
 
 stoker subclasses torch's DataLoader and mirrors its multi-process iterator, so it leans on a few
-names torch does not promise to keep. They are all imported here, lazily where a worker may run
-without torch, so a torch release that moves one breaks this file and nothing else. The tested
-range is ``TESTED_TORCH`` (``in_order``, which stoker honours, first shipped in torch 2.6).
+names torch does not promise to keep: private modules, functions and classes, and two attributes
+of torch's own objects (the one-process fetcher's ``dataset_iter``, the worker module's
+``_worker_info``). They are all reached here, lazily where a worker may run without torch, so a
+torch release that moves one breaks this file and nothing else. (Attributes that stoker's
+subclasses of torch's iterators inherit, such as ``_sampler_iter`` or ``_base_seed``, are part of
+subclassing and are used where the subclass is.) The tested range is ``TESTED_TORCH``
+(``in_order``, which stoker honours, first shipped in torch 2.6).
+
+A leaf: imports nothing of stoker. Safe from any thread.
 """
 
 from __future__ import annotations
@@ -33,6 +39,15 @@ def collate_module():
     return collate
 
 
+def fetcher_iterator(fetcher):
+    """The live iterator of an IterableDataset inside torch's one-process fetcher."""
+    return getattr(fetcher, "dataset_iter", None)
+
+
+def set_fetcher_iterator(fetcher, iterator) -> None:
+    fetcher.dataset_iter = iterator
+
+
 def pin_memory(batch, device: str):
     from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
@@ -52,14 +67,6 @@ def is_datapipe(dataset) -> bool:
     except ImportError:
         return False
     return isinstance(dataset, (IterDataPipe, MapDataPipe))
-
-
-def is_iter_datapipe(dataset) -> bool:
-    try:
-        from torch.utils.data import IterDataPipe
-    except ImportError:
-        return False
-    return isinstance(dataset, IterDataPipe)
 
 
 def sharding_worker_init_fn(worker_init_fn, world_size: int, rank: int):
@@ -84,7 +91,8 @@ def with_shared_seed(dataset, seed: int):
 
 
 def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset):
-    """Makes ``torch.utils.data.get_worker_info()`` answer in a stoker worker; returns the info."""
+    """Makes ``torch.utils.data.get_worker_info()`` answer in a stoker worker; returns the info.
+    Raises ImportError without torch."""
     from torch.utils.data._utils import worker as torch_worker
 
     info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,

@@ -4,6 +4,8 @@ Each check says ok / warn / fail, what it found, and what to do. ``--json`` for 
 exit code is 1 when a check fails. ``--clean-stale-shm`` deletes the /dev/shm/torch_* files whose
 owning process is gone (never a live one) and reports the bytes freed. ``--sample-mb`` sizes the
 num_workers / prefetch_factor advice.
+
+A command: one thread; it reads the machine and changes nothing (but ``--clean-stale-shm``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import re
 import sys
 
-from . import _cgroup
+from . import _system
 
 SHM = "/dev/shm"
 _TORCH_SHM = re.compile(r"^torch_(\d+)_")
@@ -140,7 +142,7 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
         status = "fail" if pct > 90 else ("warn" if size < 1 << 30 else "ok")
         checks.append(_check(
             "/dev/shm", status,
-            f"{_cgroup.human_bytes(size)}, {pct:.0f}% used ({_cgroup.human_bytes(used)})",
+            f"{_system.human_bytes(size)}, {pct:.0f}% used ({_system.human_bytes(used)})",
             "stoker does not use /dev/shm (its batches live in memfd slots). torch's DataLoader "
             "needs room there for every batch in flight: with less than 1 GiB expect 'Bus error'; "
             "raise it (docker run --shm-size=8g) or use stoker." if status != "ok" else ""))
@@ -150,12 +152,12 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
     stale = stale_torch_shm(shm_dir)
     if stale:
         total = sum(f["bytes"] for f in stale)
-        listing = ", ".join(f"{os.path.basename(f['path'])} ({_cgroup.human_bytes(f['bytes'])})"
+        listing = ", ".join(f"{os.path.basename(f['path'])} ({_system.human_bytes(f['bytes'])})"
                             for f in stale[:10])
         checks.append(_check(
             "stale torch shared memory", "warn",
             f"{len(stale)} /dev/shm/torch_* files whose process is gone hold "
-            f"{_cgroup.human_bytes(total)}: {listing}",
+            f"{_system.human_bytes(total)}: {listing}",
             "stoker doctor --clean-stale-shm deletes them (and only them)."))
     else:
         checks.append(_check("stale torch shared memory", "ok",
@@ -171,14 +173,14 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
         "stoker needs a few per worker. Raise it with `ulimit -n 65536` (up to the hard limit)."
         if status != "ok" else ""))
     # memory cgroup
-    limit, usage = _cgroup.memory_limit_and_usage()
-    cg_ooms, kernel_ooms = _cgroup.oom_kills()
+    limit, usage = _system.memory_limit_and_usage()
+    cg_ooms, kernel_ooms = _system.oom_kills()
     if limit:
         pct = 100 * (usage or 0) / limit
         status = "warn" if pct > 90 or (cg_ooms or 0) > 0 else "ok"
         checks.append(_check(
             "memory cgroup", status,
-            f"limit {_cgroup.human_bytes(limit)}, usage {_cgroup.human_bytes(usage)} "
+            f"limit {_system.human_bytes(limit)}, usage {_system.human_bytes(usage)} "
             f"({pct:.0f}%), OOM kills so far: {cg_ooms}",
             "Workers killed by SIGKILL here were most likely OOM kills: lower num_workers, "
             "prefetch_factor or batch_size." if status != "ok" else ""))
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
         report["cleaned"] = {"files": files, "bytes": freed}
         if not args.json:
             print(f"deleted {files} stale /dev/shm/torch_* file(s), "
-                  f"freed {_cgroup.human_bytes(freed)}")
+                  f"freed {_system.human_bytes(freed)}")
     checks = run_checks(args.sample_mb)
     report["checks"] = checks
     if args.json:

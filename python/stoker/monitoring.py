@@ -16,15 +16,21 @@ Metrics (label ``loader`` names the loader, ``worker`` the worker id):
   ``stoker_worker_rss_bytes``, ``stoker_worker_restarts_total``
 * ``stoker_slot_bytes{kind="mapped|held_by_user|waiting"}``
 * ``stoker_worker_deaths_total``, ``stoker_samples_skipped_total``
+
+Thread contract: ``collect`` runs on prometheus_client's scrape thread while the training
+loop iterates; it reads ``stoker.stats(loader)``, which is safe from any thread.
 """
 
 from __future__ import annotations
 
 import weakref
 
+from .iterators.stats import loader_stats
+
 
 class LoaderCollector:
-    """A prometheus_client collector reading ``loader.stats()`` at each scrape."""
+    """A prometheus_client collector reading ``stoker.stats(loader)`` at each scrape (any loader
+    stoker serves, a torch one under ``enable()`` too)."""
 
     def __init__(self, loader, name: str = "default"):
         self._loader = weakref.ref(loader)
@@ -39,7 +45,7 @@ class LoaderCollector:
         loader = self._loader()
         if loader is None:
             return
-        s = loader.stats()
+        s = loader_stats(loader)
         lab = [self._name]
         fams = []
 

@@ -7,6 +7,8 @@ open through ``/proc/PID/fd/N`` and map read-only. No files, no sockets, nothing
     stoker top               # every loader, refreshed every second
     stoker top PID           # one loader's workers, refreshed in place
     stoker top --once --json # one snapshot for scripts
+
+A command: one thread; it only reads other processes' pages, read-only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 
 import numpy as np
 
-from ._board import (
+from .engine.board import (
     BOARD_NAME,
     FIELDS,
     MAGIC,

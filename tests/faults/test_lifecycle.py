@@ -122,7 +122,7 @@ with warnings.catch_warnings(record=True) as w:
     assert labels(list(it)) == list(range(8))
 msgs = [str(x.message) for x in w if "forkserver" in str(x.message)]
 assert len(msgs) == 1 and "CUDA" in msgs[0], [str(x.message) for x in w]
-assert it._set._method == "forkserver"
+assert it.workers.start_method == "forkserver"
 print("OK")
 """, timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
@@ -133,7 +133,7 @@ def test_workers_ignore_sigint_and_close_inherited_descriptors(script):
 loader = stoker.DataLoader(Slow(64), batch_size=2, num_workers=2)
 it = iter(loader)
 next(it)
-mine = set(it._set._sup.owned_fds())
+mine = set(it.workers.owned_fds())
 for p in it._workers:
     status = open(f'/proc/{p.pid}/status').read()
     ign = int([l for l in status.splitlines() if l.startswith('SigIgn')][0].split()[1], 16)

@@ -23,7 +23,7 @@ held = next(it)
 first = held[1].tolist()
 ref = weakref.ref(held[0])
 {make_garbage}
-mine = {{os.readlink(f"/proc/self/fd/{{fd}}") for fd in it._set._sup.owned_fds()}}
+mine = {{os.readlink(f"/proc/self/fd/{{fd}}") for fd in it.workers.owned_fds()}}
 sockets = {{t for t in mine if t.startswith("socket:")}}
 assert len(sockets) == 1, mine
 

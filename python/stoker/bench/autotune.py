@@ -168,7 +168,7 @@ def interleaved(settings, run, rounds: int) -> list[dict]:
 
 
 def main(batches: int = 160, out=sys.stdout, rounds: int = ROUNDS) -> dict:
-    from .._cgroup import usable_cpus
+    from .._system import usable_cpus
 
     cpus = usable_cpus()
     step_s = calibrate_step_s(cpus)

@@ -1,0 +1,218 @@
+"""What the kernel says about this machine and its processes: the one reader of ``/proc`` and
+the cgroup tree.
+
+- Memory: the memory cgroup this process runs in (v2 or v1), its limit and usage, the headroom
+  left, and the OOM-kill counters. A worker killed by SIGKILL was, most often, chosen by the
+  out-of-memory killer; dmesg is usually not readable in a container, so stoker compares OOM-kill
+  counters read before and after the death: the memory cgroup's (v2 ``memory.events``, v1
+  ``memory.oom_control``) and the kernel's (``/proc/vmstat``).
+- CPUs: the affinity mask capped by the cgroup's CPU quota.
+- A process: its state letter and its CPU seconds (``/proc/PID/stat``).
+
+Plain functions over files, safe from any thread. The roots are module variables so that tests
+can point them at a fake tree.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+_V2_ROOT = "/sys/fs/cgroup"
+_V1_ROOT = "/sys/fs/cgroup/memory"
+_PROC = "/proc"  # the roots are variables so that tests can point them at a fake tree
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int | None:
+    if not text:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                return int(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+def memory_cgroup_dir(pid: int | str = "self") -> tuple[str | None, int]:
+    """(directory of the memory cgroup, version 1 or 2), or (None, 0)."""
+    text = _read(f"{_PROC}/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            d = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
+            if os.path.exists(os.path.join(d, "memory.events")):
+                return d, 2
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = os.path.join(_V1_ROOT, path.lstrip("/"))
+            if os.path.exists(d):
+                return d, 1
+    return None, 0
+
+
+def oom_kills() -> tuple[int | None, int | None]:
+    """(OOM kills recorded by this process's memory cgroup, OOM kills in the whole kernel)."""
+    d, version = memory_cgroup_dir()
+    cg = None
+    if version == 2:
+        cg = _keyed(_read(os.path.join(d, "memory.events")), "oom_kill")
+    elif version == 1:
+        cg = _keyed(_read(os.path.join(d, "memory.oom_control")), "oom_kill")
+    return cg, _keyed(_read(f"{_PROC}/vmstat"), "oom_kill")
+
+
+def memory_limit_and_usage() -> tuple[int | None, int | None]:
+    """The tightest memory limit over this cgroup and its ancestors, and the usage, in bytes."""
+    d, version = memory_cgroup_dir()
+    if version == 2:
+        limit = None
+        p = d
+        while p and p.startswith(_V2_ROOT):
+            v = (_read(os.path.join(p, "memory.max")) or "").strip()
+            if v.isdigit():
+                limit = int(v) if limit is None else min(limit, int(v))
+            if p == _V2_ROOT:
+                break
+            p = os.path.dirname(p)
+        usage = (_read(os.path.join(d, "memory.current")) or "").strip()
+        return limit, int(usage) if usage.isdigit() else None
+    if version == 1:
+        limit = (_read(os.path.join(d, "memory.limit_in_bytes")) or "").strip()
+        usage = (_read(os.path.join(d, "memory.usage_in_bytes")) or "").strip()
+        lim = int(limit) if limit.isdigit() and int(limit) < 2**60 else None
+        return lim, int(usage) if usage.isdigit() else None
+    return None, None
+
+
+SHARED_MEMORY_FRACTION = 0.5
+
+
+def default_shared_memory_cap() -> int | None:
+    """max_shared_memory="auto": half the memory limit of this process's cgroup, so that batches
+    held by the user end in an error that says so rather than an OOM kill; None (no cap) when
+    no limit is set."""
+    limit, _ = memory_limit_and_usage()
+    return int(limit * SHARED_MEMORY_FRACTION) if limit else None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _cpu_quota(text: str | None) -> float | None:
+    """CPUs allowed by a v2 ``cpu.max`` ("quota period", or "max period")."""
+    parts = (text or "").split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[1]) > 0:
+        return int(parts[0]) / int(parts[1])
+    return None
+
+
+def cpu_quota() -> float | None:
+    """The CPUs this process's cgroup (and its ancestors) may use per second, from the CFS
+    quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``); None without one."""
+    text = _read(f"{_PROC}/self/cgroup") or ""
+    quotas = []
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            p = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
+            while p.startswith(_V2_ROOT):
+                q = _cpu_quota(_read(os.path.join(p, "cpu.max")))
+                if q is not None:
+                    quotas.append(q)
+                if p == _V2_ROOT:
+                    break
+                p = os.path.dirname(p)
+        elif "cpu" in controllers.split(","):
+            for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+                d = os.path.join(_V2_ROOT, name, path.lstrip("/"))
+                quota = (_read(os.path.join(d, "cpu.cfs_quota_us")) or "").strip()
+                period = (_read(os.path.join(d, "cpu.cfs_period_us")) or "").strip()
+                if quota.isdigit() and period.isdigit() and int(period) > 0:
+                    quotas.append(int(quota) / int(period))
+                    break
+    return min(quotas) if quotas else None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by the cgroup's CPU quota (rounded
+    up: a quota of 2.5 CPUs keeps 3 workers busy part of the time); at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    q = cpu_quota()
+    if q is not None:
+        n = min(n, max(1, math.ceil(q - 1e-9)))
+    return max(1, n)
+
+
+def memory_headroom() -> tuple[int | None, int | None]:
+    """(bytes that may still be used before the limit, the limit): the cgroup's limit less its
+    usage, or the machine's MemAvailable and MemTotal without a cgroup limit."""
+    limit, usage = memory_limit_and_usage()
+    if limit is not None and usage is not None:
+        return max(0, limit - usage), limit
+    info = _read(f"{_PROC}/meminfo") or ""
+    avail = _keyed_kb(info, "MemAvailable:")
+    total = _keyed_kb(info, "MemTotal:")
+    return avail, total
+
+
+def _stat_fields(pid) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces and
+    parentheses): field 3 of proc(5) is ``[0]``."""
+    try:
+        with open(f"{_PROC}/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_state(pid) -> str:
+    """The one-letter state of `pid` (R, S, D, T, t, Z...), '' when unknown."""
+    fields = _stat_fields(pid) if pid is not None else None
+    return fields[0] if fields else ""
+
+
+def is_stopped(pid) -> bool:
+    """The kernel says `pid` is stopped (SIGSTOP, a debugger, a cgroup freezer)."""
+    return process_state(pid) in ("T", "t")
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid) -> float:
+    """utime + stime of `pid` in seconds (0 when it is gone)."""
+    fields = _stat_fields(pid) if pid is not None else None
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (TypeError, IndexError, ValueError):
+        return 0.0
+
+
+def _keyed_kb(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
+            return int(parts[1]) * 1024
+    return None

@@ -1,0 +1,77 @@
+"""One window of what the tuner judges, read from the iterator's statistics and its placement.
+
+``Measure`` takes a reading at the start of a window and again at its end: wall-clock seconds,
+the seconds the training loop waited for data, the main process's CPU, and, over the workers that
+take tasks, their CPU, their busy time (loading, collating, encoding: from their own status), the
+largest RSS, the slots' memory, and the memory headroom. A window in which a worker was replaced
+(its counters started again from zero) or the epoch's counters were reset is not judged.
+
+Thread contract: the iterating thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import _system
+from .tuner import Window
+
+WINDOW_S = 0.25  # the tuner looks this often (and after at least one batch)
+
+
+class Measure:
+    def __init__(self, stats, workers, usable_cpus: int, shared_memory_share: int | None = None):
+        """`stats`: the iterator's (``waited_s``); `workers`: the placement (``status``,
+        ``pid``, ``cpu_seconds``, ``slot_usage``)."""
+        self._stats = stats
+        self._workers = workers
+        self._cpus = usable_cpus
+        self._share = shared_memory_share
+        self._last = None
+
+    def _now(self, ids):
+        busy = 0.0
+        cpu = 0.0
+        rss = 0
+        pids = []
+        for w in ids:
+            st = self._workers.status(w)
+            if st:
+                s = st["seconds_in"]
+                busy += s["loading"] + s["collating"] + s["encoding"]
+                rss = max(rss, st["rss_bytes"])
+            pid = self._workers.pid(w)
+            pids.append(pid)
+            if pid is not None:
+                cpu += self._workers.cpu_seconds(w)
+        return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
+                tuple(ids), tuple(pids))
+
+    def restart(self, ids) -> None:
+        """Starts a window (after a change: the new worker's counters start from here)."""
+        self._last = self._now(ids)
+
+    def due(self) -> bool:
+        return self._last is None or time.monotonic() - self._last[0] >= WINDOW_S
+
+    def window(self, ids) -> Window | None:
+        """The window since the last one, over workers `ids` (those that take tasks)."""
+        now = self._now(ids)
+        last, self._last = self._last, now
+        if last is None or now[1] < last[1] or now[6:8] != last[6:8]:
+            # a new epoch reset the counters, a stream's worker ended, or a worker was
+            # restarted (its counters start from zero: the window would read as idle workers
+            # while the loop waited for the death to be handled)
+            return None
+        usage = self._workers.slot_usage() or {}
+        started = max(1, sum(1 for w in ids if self._workers.pid(w) is not None))
+        mapped, slots = int(usage.get("bytes_mapped", 0)), int(usage.get("slots", 0))
+        headroom, limit = _system.memory_headroom()
+        return Window(
+            seconds=now[0] - last[0], waited_s=now[1] - last[1], main_cpu_s=now[2] - last[2],
+            worker_cpu_s=max(0.0, now[3] - last[3]), worker_busy_s=max(0.0, now[4] - last[4]),
+            usable_cpus=self._cpus, worker_rss=now[5],
+            slot_bytes_per_worker=mapped // started,
+            memory_headroom=headroom, memory_limit=limit, workers=len(ids),
+            slot_bytes=mapped // slots if slots else 0, shared_memory_share=self._share,
+        )

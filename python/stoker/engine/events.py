@@ -1,0 +1,117 @@
+"""What a worker tells the main process, as named events: what every placement delivers.
+
+A placement (``placements/``) turns its own transport into these, so the iterator above it reads
+the same events whether a worker is a local process or runs elsewhere. ``task`` numbers follow
+the sampler's order (``iterators/tasks.py``); ``worker`` is the worker's id.
+
+An outcome ends a task: ``BatchReady``, ``TaskFailed``, or ``SamplesSkipped`` with ``dropped``
+(every sample of the task was skipped, there is no batch). ``SamplesSkipped`` without
+``dropped`` comes just before the batch it belongs to, ``StreamState`` just before the outcome
+it goes with.
+
+Plain values: made by the thread that waits on the placement, read by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Event:
+    __slots__ = ("worker", "task")
+
+    def __init__(self, worker: int, task: int):
+        self.worker = worker
+        self.task = task
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in _slots(type(self)))
+        return f"{type(self).__name__}({fields})"
+
+
+def _slots(cls):
+    out = []
+    for c in reversed(cls.__mro__):
+        out.extend(getattr(c, "__slots__", ()))
+    return out
+
+
+class BatchReady(Event):
+    """The batch of `task` is ready: ``batch.decode()`` builds it (tensor views of its buffer),
+    ``batch.discard()`` gives the buffer back without building anything."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, worker: int, task: int, batch):
+        super().__init__(worker, task)
+        self.batch = batch
+
+
+class TaskFailed(Event):
+    """The user's code raised while loading `task`: ``report`` is the dict that
+    ``protocol.encode_error`` made (type, message, traceback, worker, index)."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, worker: int, task: int, report: dict):
+        super().__init__(worker, task)
+        self.report = report
+
+
+class SamplesSkipped(Event):
+    """Samples of `task` were skipped (``on_error="skip"``): ``records`` is [(index, reason)];
+    ``dropped``: none was left, the task has no batch."""
+
+    __slots__ = ("records", "dropped")
+
+    def __init__(self, worker: int, task: int, records: list, dropped: bool):
+        super().__init__(worker, task)
+        self.records = records
+        self.dropped = dropped
+
+
+class StreamState(Event):
+    """A stateful IterableDataset's state in this worker after `task` (opaque bytes)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, worker: int, task: int, state: bytes):
+        super().__init__(worker, task)
+        self.state = state
+
+
+class StreamEnded(Event):
+    """The worker's IterableDataset ran out while loading `task` (it ignores later tasks)."""
+
+    __slots__ = ()
+
+
+class EpochBegun(Event):
+    """A persistent worker took a new epoch (``task`` is the epoch's number)."""
+
+    __slots__ = ()
+
+
+def is_outcome(ev) -> bool:
+    """True for the events that end a task."""
+    return isinstance(ev, (BatchReady, TaskFailed)) or (
+        isinstance(ev, SamplesSkipped) and ev.dropped)
+
+
+@dataclass
+class WorkerExited:
+    """A worker's unexpected end, named by its placement."""
+
+    worker: int
+    pid: int | None  # the process (local placement), or the remote process's pid when known
+    signum: int  # 0 when it exited
+    exit_code: int | None
+    cause: str  # short, without the index ("was killed by signal SIGSEGV (...)")
+    explanation: str  # the cause with what to do
+    index: object  # the dataset index it was loading when it died, if known
+    busy: bool  # it was loading, collating or encoding
+    hung: bool  # killed on purpose for a hang (``Workers.kill``)
+    started: bool  # it got past start-up
+    outside: bool  # a SIGKILL that neither the loader nor the OOM killer explains
+    task: int | None = None  # the task it was working on, and the position of the sample in
+    position: int | None = None  # it: they name a sample whose index is not an int

@@ -1,0 +1,137 @@
+"""Loading samples with torch's fetch semantics and the user's error policy.
+
+``on_error="raise"`` is torch's behaviour. ``"skip"`` drops a sample whose ``__getitem__`` raised
+and records it (the batch comes out smaller; a batch left empty is dropped). ``"retry"`` tries a
+failing sample again, up to ``max_retries`` times, then raises.
+
+Used in workers and, with ``num_workers=0``, in the main process; a ``Fetcher`` belongs to the
+thread that loads with it.
+"""
+
+from __future__ import annotations
+
+from .protocol import safe_str
+
+MAP, ITERABLE = 0, 1
+
+
+class AllSkipped(Exception):
+    """Every sample of a batch was skipped: there is nothing to send."""
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {safe_str(exc)}"
+
+
+class Fetcher:
+    """Fetches one task's samples. ``skipped`` collects (index, reason) of the last fetch;
+    ``current`` is the index being loaded (for error reports); ``on_sample(index)`` is called as
+    each sample starts (the worker writes it to its status page)."""
+
+    def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
+                 max_retries=3, on_sample=None):
+        self.kind = kind
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.drop_last = drop_last
+        self.on_error = on_error
+        self.max_retries = max_retries
+        self.on_sample = on_sample
+        self.current = None
+        self.skipped: list[tuple[object, str]] = []
+        if kind == ITERABLE:
+            self.iterator = iter(dataset)
+            self.ended = False
+
+    def _begin(self, index, position=None):
+        """`position`: where `index` is in the task's list of indices (0 for a task that is
+        one index), so the main process can name a sample whose index is not an int."""
+        self.current = index
+        if self.on_sample is not None:
+            self.on_sample(index, position)
+
+    def _one(self, load, index):
+        """load() under the error policy; returns (ok, sample)."""
+        attempts = 0
+        failure = None
+        while True:
+            try:
+                return True, load()
+            except StopIteration:
+                if failure is not None:  # a generator ends after it raised: the error stands
+                    raise failure from None
+                raise
+            except Exception as e:
+                if self.on_error == "retry" and attempts < self.max_retries:
+                    attempts += 1
+                    failure = e
+                    continue
+                if self.on_error == "skip":
+                    self.skipped.append((index, _reason(e)))
+                    return False, None
+                raise
+
+    def fetch(self, index):
+        self.skipped = []
+        if self.kind == MAP:
+            return self._fetch_map(index)
+        return self._fetch_iterable(index)
+
+    def _fetch_map(self, index):
+        ds = self.dataset
+        if not self.auto_collation:
+            self._begin(index, 0)
+            ok, sample = self._one(lambda: ds[index], index)
+            if not ok:
+                raise AllSkipped()
+            return sample
+        getitems = getattr(ds, "__getitems__", None)
+        if getitems:
+            self._begin(index)
+            if self.on_error == "raise":
+                return getitems(index)
+            try:
+                return getitems(index)
+            except Exception:
+                pass  # find the culprit sample by sample, under the policy
+            data = []
+            for pos, i in enumerate(index):
+                self._begin(i, pos)
+                ok, sample = self._one(lambda i=i: getitems([i])[0], i)
+                if ok:
+                    data.append(sample)
+        else:
+            data = []
+            for pos, i in enumerate(index):
+                self._begin(i, pos)
+                ok, sample = self._one(lambda i=i: ds[i], i)
+                if ok:
+                    data.append(sample)
+        self.current = index
+        if not data:
+            raise AllSkipped()
+        return data
+
+    def _fetch_iterable(self, index):
+        if self.ended:
+            raise StopIteration
+        self._begin(None)
+        if not self.auto_collation:
+            ok, sample = self._one(lambda: next(self.iterator), None)
+            if not ok:
+                raise AllSkipped()
+            return sample
+        data = []
+        for _ in index:
+            try:
+                ok, sample = self._one(lambda: next(self.iterator), None)
+            except StopIteration:
+                self.ended = True
+                break
+            if ok:
+                data.append(sample)
+        if not data and not self.ended:
+            raise AllSkipped()  # every sample of this batch was skipped
+        if not data or (self.drop_last and self.ended and len(data) < len(index)):
+            raise StopIteration
+        return data

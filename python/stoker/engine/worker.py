@@ -1,0 +1,265 @@
+"""A worker's loop: receive a task, load its samples, send the batch, whatever runs the worker.
+
+Runs the user's dataset exactly as torch's worker loop does (same seeding, worker info, fetch and
+collate semantics). What differs is what the worker tells the main process: the sample it is on
+(``enter``), the samples it skipped, a stateful stream's state with each batch, and its errors
+with the dataset index.
+
+``WorkerConfig`` is everything a worker needs, in one picklable object (it travels to the worker
+by fork, spawn's pickle, or a placement's own transport). ``WorkerLoop`` talks to the main process
+through an *endpoint*, which the placement provides; the local one is the C++
+``_stoker.WorkerEndpoint`` (``engine/process.py``). An endpoint has:
+
+- ``receive()``: the next ``(type, task, format, payload)``, or None once the main process
+  closed the channel;
+- ``send(type, task, a=0, payload=b"")`` and ``send_batch(task, obj, mode, indices) -> bool``
+  (False: the C++ fast path declined the object; collate it in Python and send again);
+- ``enter(state, task, index, position=-1)``, ``add_sample()``, ``update_rss()``: the status the
+  main process reads (hang watch, ``stats()``, ``stoker top``).
+
+Thread contract: a loop runs on one thread of its worker, the one that runs the dataset.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from .. import _indices, _info, _torch_compat
+from .._errors import SharedMemoryLimitError
+from ..config import seeding
+from . import collate, protocol, stream_state
+from .fetch import ITERABLE, MAP, AllSkipped, Fetcher
+from .protocol import (
+    MODE_AS_IS,
+    MODE_COLLATE,
+    MODE_CONVERT,
+    MSG_END,
+    MSG_ERROR,
+    MSG_ITER_STATE,
+    MSG_RESUME,
+    MSG_RESUMED,
+    MSG_SKIPPED,
+    MSG_STOP,
+    MSG_TASK,
+)
+
+
+@dataclass
+class WorkerConfig:
+    """What every worker of one iterator is started with (the iterator refreshes it each epoch:
+    the base seed and the seeder's epoch change)."""
+
+    num_workers: int
+    kind: int  # fetch.MAP or fetch.ITERABLE
+    dataset: object
+    auto_collation: bool
+    collate_fn: object
+    collate_mode: int  # protocol.MODE_*
+    drop_last: bool
+    base_seed: int
+    init_fn: object = None  # worker_init_fn (a DataPipe's already wraps torch's sharding)
+    on_error: str = "raise"
+    max_retries: int = 3
+    shared_memory_share: int | None = None  # bytes this worker's batches may take (None: no cap)
+    shared_seed: int | None = None  # an IterDataPipe's shuffle seed, the same in every worker
+    seeder: seeding.SampleSeeder | None = None  # seed="per_sample"
+    # A resumed (or restarted) stateful IterableDataset: worker id -> the state it restores.
+    stream_states: dict = field(default_factory=dict)
+
+
+class WorkerLoop:
+    def __init__(self, endpoint, worker_id: int, config: WorkerConfig):
+        self.endpoint = endpoint
+        self.worker_id = worker_id
+        self.config = config
+        self.dataset = config.dataset
+        self.task = 0  # the task being served (the status page names it)
+        self.fetcher: Fetcher | None = None
+        self.init_error: Exception | None = None  # reported with the first task, as torch does
+        self.ended = False  # an IterableDataset ran out: later tasks are ignored
+
+    # -- start -----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """What torch's worker loop does before its first task: threads, seeds, worker info,
+        worker_init_fn, the fetcher."""
+        c = self.config
+        if "torch" in sys.modules or c.collate_mode != MODE_AS_IS:
+            try:
+                import torch
+
+                torch.set_num_threads(1)
+                collate.stop_collate_from_using_shm()
+            except ImportError:
+                pass
+        if "cv2" in sys.modules:
+            try:
+                sys.modules["cv2"].setNumThreads(0)
+            except Exception:
+                pass
+        seed = seeding.seed_worker(c.base_seed, self.worker_id)
+        if c.shared_seed is not None:  # an IterDataPipe: one shuffle order for all workers
+            self.dataset = _torch_compat.with_shared_seed(self.dataset, c.shared_seed)
+        _info.set_worker_info(self.worker_id, c.num_workers, seed, self.dataset)
+        try:
+            if c.init_fn is not None:
+                c.init_fn(self.worker_id)
+            self.fetcher = self._new_fetcher(c.stream_states)
+        except Exception as e:
+            self.init_error = e
+
+    def _on_sample(self, index, position) -> None:
+        self.endpoint.enter(protocol.STATE_FETCHING, self.task, _indices.as_int(index),
+                            -1 if position is None else position)
+        self.endpoint.add_sample()
+        seeder = self.config.seeder
+        if seeder is not None:
+            seeder(index)
+
+    def _new_fetcher(self, states) -> Fetcher:
+        c = self.config
+        # A resumed stateful IterableDataset: this worker's saved state back.
+        mine = states.get(self.worker_id) if states and c.kind == ITERABLE else None
+        stream_state.restore_dataset(self.dataset, mine)
+        f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
+                    c.max_retries, self._on_sample)
+        if c.kind == ITERABLE:
+            stream_state.restore_iterator(f.iterator, mine)
+        return f
+
+    # -- the loop --------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serves messages until the main process says stop or closes the channel."""
+        ep = self.endpoint
+        while True:
+            ep.enter(protocol.STATE_IDLE, self.task, None)
+            msg = ep.receive()
+            if msg is None:
+                break
+            mtype, task, fmt, payload = msg
+            if mtype == MSG_STOP:
+                break
+            if mtype == MSG_RESUME:
+                self._begin_epoch(task, payload)
+            elif mtype == MSG_TASK and not self.ended:
+                self.task = task
+                self._run_task(task, protocol.decode_index(fmt, payload))
+
+    def _begin_epoch(self, epoch: int, payload: bytes) -> None:
+        # A new epoch may take a while (iter() of a stream, a restored state): "starting" tells
+        # the main process this worker has taken its message and is busy with it.
+        self.endpoint.enter(protocol.STATE_STARTING, self.task, None)
+        self.ended = False
+        base_seed, shared, restore = protocol.decode_resume(payload)
+        if shared is not None:  # an IterDataPipe: the new epoch's shuffle order
+            self.dataset = _torch_compat.with_shared_seed(self.dataset, shared)
+        if self.config.seeder is not None:
+            self.config.seeder.begin_epoch(epoch, base_seed)
+        if self.init_error is None:
+            try:
+                self.fetcher = self._new_fetcher(restore)
+            except Exception as e:
+                self.init_error = e
+        self.endpoint.send(MSG_RESUMED, epoch)
+
+    def _run_task(self, task: int, index) -> None:
+        ep = self.endpoint
+        if self.init_error is not None:
+            ep.send(MSG_ERROR, task, 0, protocol.encode_error(self.init_error, self.worker_id, None))
+            self.init_error = None
+            return
+        kind = self.config.kind
+        try:
+            data = self.fetcher.fetch(index)
+        except StopIteration:
+            if kind == ITERABLE:
+                self.ended = True
+                self._report_skipped(task, dropped=False)
+                ep.send(MSG_END, task)
+                return
+            ep.send(MSG_ERROR, task, 0, self._error(StopIteration()))
+            return
+        except AllSkipped:
+            if self._send_stream_state(task):
+                self._report_skipped(task, dropped=True)
+            return
+        except Exception as e:
+            self._send_stream_state(task, quiet=True)  # the stream continues after this error
+            ep.send(MSG_ERROR, task, 0, self._error(e))
+            return
+        if not self._send_stream_state(task):
+            return
+        self._report_skipped(task, dropped=False)
+        try:
+            self._send(task, data, index if kind == MAP else None)
+        except Exception as e:
+            self.fetcher.current = index if kind == MAP else None
+            if self.config.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
+                reason = f"collate failed: {type(e).__name__}: {protocol.safe_str(e)}"
+                self.fetcher.skipped = [(i, reason)
+                                        for i in (index if isinstance(index, list) else [index])]
+                self._report_skipped(task, dropped=True)
+            else:
+                ep.send(MSG_ERROR, task, 0, self._error(e))
+        del data
+        ep.update_rss()
+
+    # -- what goes back --------------------------------------------------------------------------
+    def _send_stream_state(self, task: int, quiet: bool = False) -> bool:
+        """A stateful IterableDataset's state, sent before the task's outcome (the main process
+        pairs them). False when it could not be taken: the task's outcome is then that error (a
+        batch whose state is lost could not be resumed after); with `quiet`, a failure sends
+        nothing (the outcome is an error anyway)."""
+        if self.config.kind != ITERABLE:
+            return True
+        try:
+            state = stream_state.capture(self.dataset, self.fetcher.iterator)
+        except Exception as e:
+            if quiet:
+                return False
+            err = RuntimeError(
+                f"stoker: the IterableDataset's state_dict() failed in worker {self.worker_id} "
+                f"({type(e).__name__}: {protocol.safe_str(e)}). stoker takes it after every "
+                "batch so that a checkpoint can resume each worker's stream; make state_dict() "
+                "return a picklable dict, or remove state_dict/load_state_dict from the "
+                "dataset (resume then re-reads and drops the batches already received).")
+            err.__cause__ = e
+            self.endpoint.send(MSG_ERROR, task, 0, self._error(err))
+            return False
+        if state is not None:
+            self.endpoint.send(MSG_ITER_STATE, task, 0, state)
+        return True
+
+    def _report_skipped(self, task: int, dropped: bool) -> None:
+        f = self.fetcher
+        if f.skipped or dropped:
+            self.endpoint.send(MSG_SKIPPED, task, 1 if dropped else 0,
+                               protocol.encode_skipped(f.skipped))
+            f.skipped = []
+
+    def _error(self, exc) -> bytes:
+        index = self.fetcher.current if self.fetcher is not None else None
+        return protocol.encode_error(exc, self.worker_id, index)
+
+    def _send(self, task: int, data, index) -> None:
+        ep = self.endpoint
+        mode = self.config.collate_mode
+        indices = index if isinstance(index, list) else None
+        if mode == MODE_AS_IS:
+            ep.enter(protocol.STATE_COLLATING, task, None)
+            out = self.config.collate_fn(data)
+            ep.enter(protocol.STATE_ENCODING, task, None)
+            ep.send_batch(task, out, MODE_AS_IS, indices)
+            return
+        ep.enter(protocol.STATE_ENCODING, task, None)
+        if ep.send_batch(task, data, mode, indices):
+            return
+        # The fast path declined (an unusual type): torch's own collate decides, in Python.
+        ep.enter(protocol.STATE_COLLATING, task, None)
+        if mode == MODE_COLLATE:
+            out = collate.collate_in_python(data)
+        else:
+            assert mode == MODE_CONVERT
+            out = collate.convert_in_python(data)
+        ep.enter(protocol.STATE_ENCODING, task, None)
+        ep.send_batch(task, out, MODE_AS_IS, indices)

@@ -1,0 +1,400 @@
+"""The multi-process iterator: torch's scheduling over stoker's workers, supervised.
+
+It composes parts that each own their state and are reached through their methods:
+
+- ``TaskTable`` (tasks.py): which worker has which task, the reorder buffer, re-issue records;
+- ``Workers`` (placements/): where workers run; today ``LocalProcesses``. Everything here talks
+  to workers only through that interface;
+- ``Supervision`` (supervision.py): starts workers, waits on them, and handles each death, with
+  ``HangWatch`` (watch.py: samples that take too long, workers that do not take their work) and
+  ``Recovery`` (recovery.py: restart or raise, the budget, quarantine, skips);
+- ``IterStats`` (stats.py): counters, the data-stall notice, ``stats()``;
+- ``Cursor`` (resume/cursor.py): the position in the epoch, for ``state_dict()``;
+- ``Controller`` (autotune/), when a count or a depth is tuned: it acts through the ``Tunable``
+  methods at the end of this class.
+
+Task scheduling mirrors torch's ``_MultiProcessingDataLoaderIter`` (the same tasks go to the same
+workers in the same order, so random augmentation drawn in workers matches torch batch for
+batch); batches arrive as zero-copy views of the workers' buffers; a worker's death arrives as
+an event in the same wait as the data.
+
+Thread contract: one thread iterates at a time (as with torch); ``stats()``, ``closed``,
+``_workers`` and ``_shutdown_workers()`` may be called from any thread, also while another thread
+iterates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from torch.utils.data import IterableDataset, default_collate, default_convert
+
+from .. import _torch_compat
+from ..autotune.controller import Controller, wanted
+from ..config import seeding
+from ..config.options import shared_memory_share
+from ..config.records import records_of
+from ..engine import protocol
+from ..engine.board import Board
+from ..engine.events import (
+    BatchReady,
+    EpochBegun,
+    SamplesSkipped,
+    StreamEnded,
+    StreamState,
+    TaskFailed,
+)
+from ..engine.fetch import ITERABLE, MAP
+from ..engine.worker import WorkerConfig
+from ..placements.local import LocalProcesses
+from ..resume import checkpoint
+from ..resume.cursor import Cursor
+from . import exit as _exit
+from .failure import WorkerFailure
+from .recovery import Recovery
+from .starting import context_for
+from .stats import IterStats
+from .supervision import Supervision
+from .tasks import NO_BATCH, TaskTable
+from .watch import HangWatch
+
+log = logging.getLogger("stoker")
+
+
+def _collate_mode(loader) -> int:
+    if loader.collate_fn is default_collate:
+        return protocol.MODE_COLLATE
+    if loader.collate_fn is default_convert:
+        return protocol.MODE_CONVERT
+    return protocol.MODE_AS_IS
+
+
+class MultiProcessIter(_torch_compat.base_iterator()):
+    def __init__(self, loader, options, served_by: str) -> None:
+        """`options`: the ``config.Options`` this iterator runs with; `served_by`:
+        "stoker.DataLoader" or "stoker.enable()" (stats, the log line, ``stoker top``)."""
+        self._records = records_of(loader)
+        self._cursor = Cursor(loader, self._records)
+        with self._cursor.drawing_base_seed():
+            super().__init__(loader)
+        self._base_seed = self._cursor.base_seed(self._base_seed)
+        self._options = options
+        self._seeder = seeding.seeder_for(options, self._base_seed, self._records.epoch + 1)
+        if loader.prefetch_factor <= 0:
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._worker_init_fn = loader.worker_init_fn
+        if _torch_compat.is_datapipe(self._dataset):  # shard across ranks and workers, as torch
+            self._worker_init_fn = _torch_compat.sharding_worker_init_fn(
+                self._worker_init_fn, self._world_size, self._rank)
+        self._collate_mode = _collate_mode(loader)
+        self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
+        self._discard = 0
+        n = self._num_workers
+        cls = type(loader).__qualname__
+        self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
+                            "stoker.DataLoader" else f"{served_by} {cls}")
+        self.workers = LocalProcesses(context_for(loader), n, self._board.token)
+        self._watch = HangWatch(self.workers)
+        self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
+        self._recovery = Recovery(self._records, options, n, self._kind == MAP,
+                                  stream_known=self._cursor.can_restart_stream)
+        self._stats = IterStats(self._board, self.workers, self._watch,
+                                self._recovery.restarts_by_worker, options.stall_notice)
+        self._shm_share = shared_memory_share(options.shared_memory_cap(), n)
+        self._tuner = None
+        tune_workers, tune_depth = wanted(options, self._kind == MAP, n)
+        if tune_workers or tune_depth:
+            self._tuner = Controller(self._records, self._board, self._stats, self.workers,
+                                     num_workers=n, depth=self._prefetch_factor,
+                                     tune_workers=tune_workers, tune_depth=tune_depth,
+                                     shared_memory_share=self._shm_share)
+            self._tasks.limit = self._tuner.initial_workers
+            if self._tuner.initial_depth is not None:
+                self._tasks.prefetch_factor = self._tuner.initial_depth
+        self._sup = Supervision(
+            self.workers, self._tasks, self._watch, self._recovery, self._cursor, self._board,
+            kind=self._kind, timeout=self._timeout, hang_timeout=options.hang_timeout,
+            start_names={"collate_fn": self._collate_fn, "worker_init_fn": self._worker_init_fn})
+        self._sup.config = self._worker_config(self._cursor.starting_stream_states())
+        try:
+            self._sup.start_all(self._tasks.limit)
+            self._reset(loader, first_iter=True)
+        except BaseException:
+            self._shutdown_workers()
+            raise
+        # Only a complete iterator is visible to stats() (from any thread).
+        self._records.set_iterator(self)
+        self._announce(loader, served_by)
+
+    def _announce(self, loader, served_by: str) -> None:
+        """Records who serves the loader (``stats()['served_by']``), logs it at its first
+        iterator, and has the workers stopped cleanly at interpreter exit."""
+        _exit.track(self)
+        first = self._records.served_by is None
+        self._records.served_by = served_by
+        if first:
+            cls = type(loader)
+            log.info("stoker: %s.%s (%s) is served by stoker's engine: %d workers (%s), %s",
+                     cls.__module__, cls.__qualname__, served_by, self._num_workers,
+                     self.workers.start_method, self._options.describe())
+
+    # -- workers -------------------------------------------------------------------------------
+    def _worker_config(self, stream_states: dict) -> WorkerConfig:
+        o = self._options
+        return WorkerConfig(
+            num_workers=self._num_workers, kind=self._kind, dataset=self._dataset,
+            auto_collation=self._auto_collation, collate_fn=self._collate_fn,
+            collate_mode=self._collate_mode, drop_last=self._drop_last,
+            base_seed=self._base_seed, init_fn=self._worker_init_fn, on_error=o.on_error,
+            max_retries=o.max_retries, shared_memory_share=self._shm_share,
+            shared_seed=self._shared_seed, seeder=self._seeder, stream_states=stream_states)
+
+    @property
+    def _workers(self) -> list:
+        """The worker processes (torch's iterator has this list; some code reads it)."""
+        return self.workers.processes
+
+    @property
+    def closed(self) -> bool:
+        """The workers were shut down (end of a non-persistent epoch, a failure, ``del``)."""
+        sup = self.__dict__.get("_sup")
+        return sup is None or sup.closed
+
+    # -- epochs --------------------------------------------------------------------------------
+    def _reset(self, loader, first_iter=False) -> None:
+        super()._reset(loader, first_iter)
+        start = self._cursor.begin_epoch(self._sampler_iter, self._base_seed)
+        self._sampler_iter, self._base_seed = start.sampler_iter, start.base_seed
+        self._discard = start.discard
+        epoch = self._records.epoch
+        if self._seeder is not None:  # workers (re)started from now on get this epoch
+            self._seeder.begin_epoch(epoch, self._base_seed)
+        # Workers started from now on (restarts) get this epoch's seeds and states.
+        self._sup.config = self._worker_config(start.stream_states)
+        self._stats.new_epoch(epoch)
+        self._recovery.new_epoch()
+        self._tasks.reset()
+        if start.first_worker is not None:  # a resumed stream: whose turn it was
+            self._tasks.rotate(start.first_worker)
+        if not first_iter:
+            # Persistent workers: a new epoch; or load_state_dict on a live iterator. Results of
+            # the old one still in flight are dropped.
+            self._sup.begin_epoch(epoch, protocol.encode_resume(
+                self._base_seed, self._shared_seed, start.stream_states), self._tasks.limit)
+            if self._tuner is not None:  # the new epoch's counters start from zero
+                self._tuner.restart_window(self)
+        for _ in range(self._tasks.max_tasks):
+            self._try_put_index()
+
+    def _try_put_index(self) -> None:
+        t = self._tasks
+        if not t.has_room():  # num_workers="auto" just retired a worker: fewer tasks in flight
+            return
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        worker_id = t.pick_worker()
+        if worker_id is None:
+            return
+        index = self._sup.without_quarantined(index)
+        task = t.add(worker_id, index)
+        self._cursor.sent(task)
+        if index is NO_BATCH:
+            t.synthetic.append((task, NO_BATCH))
+            return
+        self._sup.send_task(worker_id, task, index)
+
+    # -- results -------------------------------------------------------------------------------
+    def _get_data(self):
+        t = time.monotonic()
+        try:
+            return self._receive()
+        finally:
+            self._stats.waited(time.monotonic() - t)
+
+    def _receive(self):
+        """(task, result) of the next outcome: a batch handle, a WorkerFailure, NO_BATCH, or
+        a StreamEnded."""
+        tasks = self._tasks
+        while True:
+            if tasks.synthetic:
+                task, data = tasks.synthetic.popleft()
+                if tasks.is_live(task):
+                    return task, data
+                continue
+            ev = self._sup.wait()
+            if ev is None or isinstance(ev, EpochBegun):  # a death made a result; a late answer
+                continue
+            live = tasks.is_live(ev.task)
+            if live:
+                self._cursor.observe(ev)  # a stream's state, and the outcomes it goes with
+            if isinstance(ev, StreamState):
+                continue
+            if isinstance(ev, SamplesSkipped):
+                if live:  # a re-issued task's first attempt already reported its skips
+                    for index, reason in ev.records:
+                        self._recovery.record_skip(index, reason, self._board)
+                    if ev.dropped:
+                        return ev.task, NO_BATCH
+                continue
+            if not live:
+                if isinstance(ev, BatchReady):
+                    ev.batch.discard()  # a late duplicate (a re-issued task's first attempt)
+                continue
+            if isinstance(ev, BatchReady):
+                return ev.task, ev.batch
+            if isinstance(ev, TaskFailed):
+                return ev.task, WorkerFailure(ev.report)
+            if isinstance(ev, StreamEnded):
+                return ev.task, ev
+
+    def __next__(self):
+        if self._cursor.pending() and not self.closed:
+            # load_state_dict after this iterator began: start over from the loaded state.
+            self._reset(self._cursor.loader)
+        while self._discard > 0:  # IterableDataset: batches received before the resume
+            self._discard -= 1
+            self._next_data()
+            self._num_yielded += 1
+        self._stats.asking()
+        batch = super().__next__()
+        self._stats.yielded_one()
+        if self._tuner is not None and self._tuner.due():
+            self._tuner.tune(self, self._stats.yielded)
+        return batch
+
+    def _next_data(self):
+        t = self._tasks
+        while True:
+            nxt = t.worker_of_next()
+            if nxt is None:
+                self._cursor.finished()
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            if nxt[1]:  # its result came out of turn and waits in the reorder buffer
+                task, worker_id, data = t.take_next()
+                out = self._process_data(data, worker_id, task)
+                if out is NO_BATCH:
+                    continue
+                return out
+
+            assert not self.closed and t.outstanding > 0
+            task, data = self._get_data()
+            t.received(task)
+            if isinstance(data, StreamEnded):
+                if self._persistent_workers:
+                    t.active[data.worker] = False
+                else:
+                    self._mark_worker_as_unavailable(data.worker)
+                t.ended(data.worker)
+                self._try_put_index()
+                continue
+            if task != t.rcvd_idx:
+                if not self._in_order:
+                    worker_id = t.info.pop(task)[0]
+                    out = self._process_data(data, worker_id, task)
+                    if out is NO_BATCH:
+                        continue
+                    return out
+                t.info[task].append(data)
+            else:
+                worker_id = t.info.pop(task)[0]
+                t.rcvd_idx += 1
+                out = self._process_data(data, worker_id, task)
+                if out is NO_BATCH:
+                    continue
+                return out
+
+    def _process_data(self, data, worker_id, task):
+        self._tasks.done(worker_id)
+        self._cursor.delivered(task)
+        self._try_put_index()
+        if data is NO_BATCH:
+            return NO_BATCH
+        if isinstance(data, WorkerFailure):
+            data.reraise(self.workers.slot_usage)
+        batch = data.decode()
+        if self._pin_memory:
+            batch = _torch_compat.pin_memory(batch, self._pin_memory_device)
+        return batch
+
+    def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
+        self._tasks.active[worker_id] = False
+        self.workers.stop(worker_id)
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """The loader's state at this iterator's position (``loader.state_dict()``)."""
+        loader = self._cursor.loader
+        return checkpoint.get_state(loader, self._records, self._options)
+
+    def set_state(self, state) -> None:
+        """The next batch is the loaded state's (the epoch starts over from it)."""
+        checkpoint.set_state(self._cursor.loader, self._records, state)
+
+    # -- Tunable (autotune/controller.py) --------------------------------------------------------
+    def depth(self) -> int:
+        return self._tasks.prefetch_factor
+
+    def active_workers(self) -> int:
+        return self._tasks.limit
+
+    def taking(self) -> list[int]:
+        t = self._tasks
+        return [w for w in range(t.limit) if t.active[w]]
+
+    def set_workers(self, active: int) -> None:
+        t = self._tasks
+        for w in range(t.limit, active):
+            if self.workers.pid(w) is None:
+                self._sup.start(w)
+        t.limit = active
+
+    def set_depth(self, depth: int) -> None:
+        self._tasks.prefetch_factor = depth
+
+    def refill(self) -> None:
+        t = self._tasks
+        while t.has_room() and not self.closed:
+            sent = t.send_idx
+            self._try_put_index()
+            if t.send_idx == sent:  # the sampler is done for this epoch
+                break
+
+    # -- observing (any thread) ------------------------------------------------------------------
+    def stats(self) -> dict:
+        out = self._stats.snapshot()
+        t = self._tasks
+        out["tasks"] = {"sent": t.send_idx, "in_flight": t.outstanding,
+                        "active_workers": t.limit, "prefetch_factor": t.prefetch_factor}
+        if self._tuner is not None:
+            out["autotune"] = self._tuner.snapshot()
+        return out
+
+    # -- shutdown (any thread) -------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stops the workers and frees their memory (idempotent); torch's name for it is
+        ``_shutdown_workers``."""
+        self._shutdown_workers()
+
+    def _shutdown_workers(self) -> None:
+        sup = self.__dict__.get("_sup")
+        if sup is not None:
+            sup.shutdown()
+        else:  # __init__ failed before the workers started
+            board = self.__dict__.get("_board")
+            if board is not None:
+                board.close()
+
+    def __del__(self):
+        try:
+            self._shutdown_workers()
+        except Exception:
+            pass

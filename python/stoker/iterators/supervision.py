@@ -1,0 +1,201 @@
+"""The iterator's workers, supervised: started, waited on, watched for hangs, and every death
+handled (the worker restarted and its tasks re-issued exactly once, in their places, or the
+error raised), whatever placement runs them.
+
+``Supervision`` composes the placement (``Workers``), the ``HangWatch`` and the ``Recovery``
+policy, and works on the iterator's ``TaskTable``; it owns the workers' life, so it also shuts
+them down (at the end of an epoch, on a final death, on ``del``). The iterator gives it the
+``WorkerConfig`` workers start with (``config``, refreshed each epoch). No part holds a
+reference back to the iterator, so an iterator is freed the moment it is dropped.
+
+Thread contract: the thread that iterates; ``shutdown`` and ``closed`` from any thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from .._errors import EngineError, WorkerCrashed
+from ..engine.events import BatchReady, EpochBegun, WorkerExited
+from ..engine.fetch import ITERABLE, MAP
+from .starting import start_explained
+from .tasks import NO_BATCH
+from .watch import CHECK_EVERY_S
+
+# Without hang_timeout or timeout, the wait still wakes this often to look for stuck workers.
+WATCH_S = 0.5
+
+
+class Supervision:
+    def __init__(self, workers, tasks, watch, recovery, cursor, board, *, kind: int,
+                 timeout: float, hang_timeout, start_names: dict):
+        """`start_names`: what a failed start may blame, besides the dataset (collate_fn,
+        worker_init_fn)."""
+        self.workers = workers
+        self._tasks = tasks
+        self._watch = watch
+        self._recovery = recovery
+        self._cursor = cursor
+        self._board = board
+        self._kind = kind
+        self._timeout = timeout
+        self._hang_timeout = hang_timeout
+        self._start_names = start_names
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.config = None  # the WorkerConfig workers start with (the iterator's, per epoch)
+        self._beginning = False  # persistent workers are being told a new epoch begins
+        self._awaiting: set = set()  # ... and have not answered yet
+        self._restarted_meanwhile: set = set()
+
+    # -- the end ---------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def shutdown(self) -> None:
+        """Ends every worker, hands back every batch still held, closes the board (idempotent,
+        any thread)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for data in self._tasks.drain():
+            if hasattr(data, "discard"):
+                data.discard()
+        self.workers.shutdown()
+        self._board.close()
+
+    # -- starting --------------------------------------------------------------------------------
+    def _start(self, start) -> None:
+        start_explained(start, self.workers.start_method, self.config.dataset,
+                        self._start_names)
+
+    def start_all(self, count: int) -> None:
+        self._start(lambda: self.workers.start_all(count, self.config))
+
+    def start(self, worker_id: int, config=None) -> None:
+        self._watch.forget(worker_id)
+        config = self.config if config is None else config
+        self._start(lambda: self.workers.start(worker_id, config))
+
+    # -- sending ---------------------------------------------------------------------------------
+    def send_task(self, worker_id: int, task: int, index) -> None:
+        if not self.workers.send_task(worker_id, task, index) and not self.workers.has(worker_id):
+            # A dying worker's tasks are re-issued when its death is seen; one that is not
+            # running at all would never answer: fail loudly rather than wait forever.
+            raise EngineError(f"stoker: task {task} went to worker {worker_id}, which is not "
+                              "running (a bug in stoker: please report it)")
+
+    def without_quarantined(self, index):
+        """`index` less its quarantined samples (NO_BATCH when none is left)."""
+        if self._kind != MAP or not self._recovery.any_quarantined():
+            return index
+        if isinstance(index, list):
+            kept = [i for i in index if not self._recovery.is_quarantined(i)]
+            if len(kept) == len(index):
+                return index
+            return kept if kept else NO_BATCH
+        return NO_BATCH if self._recovery.is_quarantined(index) else index
+
+    def begin_epoch(self, epoch: int, payload: bytes, limit: int) -> None:
+        """Persistent workers: tells each running worker that `epoch` begins (`payload`:
+        ``protocol.encode_resume``) and waits until each answered; starts again those of the
+        first `limit` that are not running (their stream ended). Late results of the old epoch
+        are dropped."""
+        self._beginning = True
+        waiting = self._awaiting
+        for w in range(self.workers.num_workers):
+            if self.workers.has(w):
+                # If it died, the wait below sees it.
+                self.workers.begin_epoch(w, epoch, payload)
+                waiting.add(w)
+            elif w < limit:
+                self.start(w)  # fresh, with this epoch's seeds and state
+        while waiting:
+            ev = self.wait()
+            # A worker restarted meanwhile starts fresh: it is resumed already.
+            waiting -= self._restarted_meanwhile
+            if isinstance(ev, EpochBegun):
+                waiting.discard(ev.worker)
+            elif isinstance(ev, BatchReady):
+                ev.batch.discard()  # a late result of the old epoch
+        self._restarted_meanwhile.clear()
+        self._beginning = False
+
+    # -- waiting ---------------------------------------------------------------------------------
+    def wait(self):
+        """The next event; deaths are handled (restart or raise) on the way. None when a death
+        produced something the caller must look at (a synthetic result, a restart while a new
+        epoch begins)."""
+        timeout = self._timeout if self._timeout > 0 else None
+        hang = self._hang_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slice_max = CHECK_EVERY_S if hang is not None else WATCH_S
+        while True:
+            slice_s = slice_max
+            if deadline is not None:
+                slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
+            ev = self.workers.wait(slice_s)
+            self._watch.check(self._queued(), hang)
+            if ev is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._timeout_error()
+                continue
+            if isinstance(ev, WorkerExited):
+                self._on_exit(ev)
+                if self._tasks.synthetic or self._restarted_meanwhile:
+                    return None
+                continue
+            return ev
+
+    def _queued(self) -> dict:
+        """worker -> messages it has not answered yet (tasks, a new epoch)."""
+        queued = self._tasks.queued_per_worker()
+        for w in self._awaiting:
+            queued[w] = queued.get(w, 0) + 1
+        return queued
+
+    def _timeout_error(self):
+        t = self._tasks
+        info = t.info.get(t.rcvd_idx)
+        if info and len(info) == 1:
+            w = info[0]
+        else:  # a new epoch of persistent workers waits for one to answer
+            w = min(self._awaiting, default=None)
+        return self._watch.timeout_error(self._timeout, t.rcvd_idx, w)
+
+    # -- deaths ----------------------------------------------------------------------------------
+    def _on_exit(self, ex: WorkerExited) -> None:
+        self._watch.forget(ex.worker)
+        t = self._tasks
+        tasks = t.in_flight(ex.worker)
+        if ex.index is None and ex.position is not None and ex.task in tasks:
+            # The sample's index is not an int (a str, a tuple): its place in the task names it.
+            ex.index = t.index_at(ex.task, ex.position)
+        indices = [ex.index] if ex.index is not None else t.indices_of(tasks)
+
+        def crashed(death, indices, message):
+            self.shutdown()
+            return WorkerCrashed(message, worker_id=death.worker_id, pid=death.pid,
+                                 signal=death.signal, exit_code=death.exit_code,
+                                 cause=death.cause, indices=indices)
+
+        self._recovery.on_exit(ex, tasks, indices, self._board, crashed)
+        config = self.config
+        if self._kind == ITERABLE:  # a stateful stream continues from its last outcome's state
+            _, state = self._cursor.restart_state(ex.worker)
+            if state is not None:
+                config = dataclasses.replace(config, stream_states={ex.worker: state})
+        self.start(ex.worker, config)
+        if self._beginning:
+            self._restarted_meanwhile.add(ex.worker)
+        for task in tasks:  # in their original order: results keep their places
+            index = self.without_quarantined(t.index[task])
+            t.index[task] = index
+            if index is NO_BATCH:
+                t.synthetic.append((task, NO_BATCH))
+            else:
+                self.send_task(ex.worker, task, index)

@@ -1,0 +1,3 @@
+"""Where workers run, behind one interface (``base.Workers``): local processes (``local``) today.
+Everything above (scheduling, supervision, resume, autotune) talks to workers only through it;
+docs/design/placements.md says what a new placement must provide."""

@@ -1,0 +1,338 @@
+"""Local processes: the placement of today. Workers are processes of this machine, started with
+the multiprocessing context the user picked, each with a SOCK_SEQPACKET channel, a pidfd and
+memfd slots, all watched by one C++ ``Supervisor`` (the only code that touches it).
+
+It turns the Supervisor's messages into ``engine.events`` and names every unexpected death
+(signal, exit code, OOM kill read from the memory cgroup, the crash log's Python stack, the last
+lines of stderr, or the hang the iterator killed it for).
+
+Thread contract (``base.Workers``): ``start``, ``stop``, ``kill``, ``send_task``,
+``begin_epoch`` and ``wait`` are called by the thread that iterates (one at a time: the iterator
+is not re-entrant, like torch's). ``has``, ``pid``, ``status``, ``stats``, ``slot_usage``,
+``seconds_in``, ``processes`` and ``shutdown`` may be called from any thread at any time (a
+monitoring thread, ``stoker top``'s exporter, ``__del__`` run by the garbage collector of another
+thread): Python state is guarded by one lock, and the Supervisor itself is safe for concurrent use.
+Workers are not tied to the thread that started them: they die with the main *process*.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import warnings
+
+from .. import _stoker, _system
+from .._errors import EngineError
+from ..engine import deaths, fdpass, protocol
+from ..engine.events import (
+    BatchReady,
+    EpochBegun,
+    SamplesSkipped,
+    StreamEnded,
+    StreamState,
+    TaskFailed,
+    WorkerExited,
+)
+from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
+from .base import Hung, Workers
+
+# How long to wait for a dead or stopped worker to be reaped.
+EXIT_GRACE_S = 1.0
+BUSY = ("loading", "collating", "encoding")
+
+# Threads that hold no lock a forked child could need: multiprocessing's queue feeders (left by
+# torch's own DataLoader, for one) reset their state after a fork; tqdm's monitor sleeps between
+# brief checks of its bars (every progress-bar user has one: a warning there would be noise).
+_FORK_SAFE_THREADS = ("QueueFeederThread", "tqdm_monitor")
+
+
+def _other_threads() -> list[str]:
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate()
+            if t is not me and t.is_alive() and t.name not in _FORK_SAFE_THREADS]
+
+
+class LocalProcesses(Workers):
+    def __init__(self, ctx, num_workers: int, loader_token: int):
+        """`ctx`: the multiprocessing context; `loader_token` names the workers' status pages
+        after the loader's board (``stoker top`` pairs them)."""
+        self._ctx = ctx
+        self.start_method = ctx.get_start_method()
+        self.num_workers = num_workers
+        self._token = loader_token
+        self._lock = threading.RLock()
+        self._sup = _stoker.Supervisor()
+        fdpass.register_supervisor(self._sup)
+        self._procs: list = [None] * num_workers  # the live process of each worker id
+        # The latest process of each worker id, live or ended, as torch's iterator keeps them
+        # (a restart replaces it, so a long job with restarts holds no growing list).
+        self._last_procs: list = [None] * num_workers
+        self._started_at = [0.0] * num_workers
+        self._last_send = [0.0] * num_workers  # when a message last went to each worker
+        self._leaving: set[int] = set()  # told to exit: their exit is no error
+        self._hung: dict[int, Hung] = {}  # killed on purpose, for a hang
+        self._oom_before = _system.oom_kills()
+        self._closed = False
+
+    # -- life ------------------------------------------------------------------------------------
+    def start_all(self, count: int, config) -> None:
+        if self.start_method == "fork":
+            self._warn_other_threads()
+        super().start_all(count, config)
+
+    def _warn_other_threads(self) -> None:
+        names = _other_threads()
+        if names:
+            warnings.warn(
+                f"stoker: forking DataLoader workers while this process runs other threads "
+                f"({', '.join(names[:8])}{'...' if len(names) > 8 else ''}). A lock one of them "
+                "holds at the fork stays locked forever in the workers, which can hang them at "
+                "start-up or on their first sample (stoker names such a worker). If workers "
+                "hang, pass multiprocessing_context='forkserver' (or 'spawn').",
+                RuntimeWarning, stacklevel=6,
+            )
+
+    def start(self, worker_id: int, config) -> None:
+        main_end, child_end = _stoker.channel_pair()
+        fdpass.track(main_end, child_end)
+        try:
+            proc = self._ctx.Process(
+                target=worker_main,
+                args=(fdpass.ChannelFd(child_end), worker_id, config,
+                      # The worker checks that its parent is still there; under forkserver its
+                      # parent is the fork server, not this process (the channel covers us).
+                      parent_pid_for(self.start_method), self._token),
+                daemon=True,
+            )
+            proc.start()
+        except BaseException:
+            fdpass.untrack(main_end, child_end)
+            os.close(main_end)
+            os.close(child_end)
+            raise
+        fdpass.untrack(main_end, child_end)
+        os.close(child_end)
+        with self._lock:
+            self._sup.add_worker(worker_id, main_end, proc.pid)
+            self._procs[worker_id] = proc
+            self._last_procs[worker_id] = proc
+            self._started_at[worker_id] = time.monotonic()
+            self._leaving.discard(worker_id)  # an earlier process of this id was stopped
+            self._hung.pop(worker_id, None)
+
+    def stop(self, worker_id: int) -> None:
+        """Closes the worker's channel: its watchdog ends it at once; its exit is expected."""
+        with self._lock:
+            self._leaving.add(worker_id)
+            self._sup.remove_worker(worker_id)
+
+    def kill(self, worker_id: int, hung: Hung) -> None:
+        self._hung[worker_id] = hung
+        try:
+            self._sup.signal(worker_id, signal.SIGKILL)
+        except EngineError:
+            pass
+
+    def shutdown(self) -> None:
+        """Ends every worker and reaps it (idempotent, any thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            procs = [p for p in self._procs if p is not None]
+            for w in range(self.num_workers):
+                self._sup.remove_worker(w)  # closing the channel ends the worker
+            self._procs = [None] * self.num_workers
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    # -- messages --------------------------------------------------------------------------------
+    def _send(self, worker_id: int, mtype: int, task: int, a: int = 0, payload: bytes = b"") -> bool:
+        # Stamped before sending: a worker that takes the message enters its next state after it.
+        sent_at = time.monotonic()
+        try:
+            self._sup.send(worker_id, mtype, task, a, payload)
+        except EngineError:
+            return False
+        self._last_send[worker_id] = sent_at
+        return True
+
+    def send_task(self, worker_id: int, task: int, index) -> bool:
+        fmt, payload = protocol.encode_index(index)
+        return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
+
+    def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:
+        return self._send(worker_id, protocol.MSG_RESUME, epoch, 0, payload)
+
+    def wait(self, timeout_s):
+        while True:
+            ev = self._sup.wait(timeout_s)
+            if ev is None:
+                return None
+            if ev[0] == "died":
+                out = self._on_exit(ev)
+                if out is None:  # a worker we stopped: nothing to report
+                    timeout_s = 0.0 if timeout_s is not None else None
+                    continue
+                return out
+            out = _event(ev)
+            if out is not None:
+                return out
+
+    def _on_exit(self, ev):
+        _, worker_id, exit_code, signum, core = ev
+        with self._lock:
+            proc = self._procs[worker_id]
+            leaving = worker_id in self._leaving
+            self._leaving.discard(worker_id)
+            status = None if leaving else (self._sup.status(worker_id) or {})
+            crash_log = "" if leaving else self._sup.read_log(worker_id, protocol.LOG_CRASH, 1 << 16)
+            stderr_tail = "" if leaving else self._sup.read_log(worker_id, protocol.LOG_STDERR, 8192)
+            self._sup.remove_worker(worker_id)
+            self._procs[worker_id] = None
+        if proc is not None:
+            proc.join(timeout=EXIT_GRACE_S)
+            # multiprocessing may have reaped it first (Process.start() reaps finished children),
+            # in which case only it knows the status.
+            if proc.exitcode is not None:
+                signum, exit_code = (-proc.exitcode, None) if proc.exitcode < 0 else (0, proc.exitcode)
+        if leaving:
+            return None
+        pid = proc.pid if proc is not None else status.get("pid")
+        hung = self._hung.pop(worker_id, None)
+        busy = status.get("state") in BUSY
+        index = hung.index if hung else (status.get("index") if busy else None)
+        oom_now = _system.oom_kills()
+        oom = signum == signal.SIGKILL and hung is None and any(
+            b is not None and a is not None and a > b for a, b in zip(oom_now, self._oom_before)
+        )
+        self._oom_before = oom_now
+        cause, explanation = deaths.describe(
+            signum, exit_code, core, oom=oom, rss=status.get("rss_bytes"), index=index,
+            crash_log=crash_log, stderr_tail=stderr_tail,
+            hung=(hung.seconds, hung.stack) if hung else None,
+            stuck=hung.stuck if hung else None,
+        )
+        return WorkerExited(worker_id, pid, signum, None if signum else exit_code, cause,
+                            explanation, index, busy, hung is not None,
+                            bool(status) or hung is not None,
+                            outside=signum == signal.SIGKILL and not oom and hung is None,
+                            task=status.get("task") if busy or hung else None,
+                            position=status.get("position") if busy or hung else None)
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def processes(self) -> list:
+        """The latest process of each worker (multiprocessing.Process: ``.pid``, ``.is_alive()``,
+        ``.join()``), by worker id, as torch's iterator keeps them in ``_workers``: ended ones
+        stay listed until a restart replaces them. A copy, so a reader in another thread never
+        sees it change."""
+        with self._lock:
+            return [p for p in self._last_procs if p is not None]
+
+    def pid(self, worker_id: int):
+        p = self._procs[worker_id]
+        return p.pid if p is not None else None
+
+    def has(self, worker_id: int) -> bool:
+        return self._sup.has_worker(worker_id)
+
+    def status(self, worker_id: int):
+        with self._lock:
+            return self._sup.status(worker_id) if self._sup.has_worker(worker_id) else None
+
+    def is_stopped(self, worker_id: int) -> bool:
+        return _system.is_stopped(self.pid(worker_id))
+
+    def started_at(self, worker_id: int) -> float:
+        return self._started_at[worker_id]
+
+    def last_sent(self, worker_id: int) -> float:
+        return self._last_send[worker_id]
+
+    def cpu_seconds(self, worker_id: int) -> float:
+        return _system.cpu_seconds(self.pid(worker_id))
+
+    def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it
+        ('' when it cannot answer: not started yet, stopped, or gone)."""
+        if self.is_stopped(worker_id):
+            return ""
+        st = self._sup.status(worker_id)
+        if st is None or st["state"] == "starting":
+            # Not yet past the point where it installs its faulthandler (it shares its crash log
+            # before its status page), or still starting: DUMP_SIGNAL's default would kill it.
+            return ""
+        before = self._sup.read_log(worker_id, protocol.LOG_CRASH, 1 << 20)
+        try:
+            self._sup.signal(worker_id, DUMP_SIGNAL)
+        except EngineError:
+            return ""
+        end = time.monotonic() + wait_s
+        text = before
+        while time.monotonic() < end:
+            time.sleep(0.02)
+            text = self._sup.read_log(worker_id, protocol.LOG_CRASH, 1 << 20)
+            if len(text) > len(before) and text.endswith("\n"):
+                time.sleep(0.02)
+                text = self._sup.read_log(worker_id, protocol.LOG_CRASH, 1 << 20)
+                break
+        new = text[len(before):] if text.startswith(before) else text
+        return deaths.trim_stack(new.strip())
+
+    def slot_usage(self) -> dict:
+        return self._sup.slot_usage()
+
+    def mapped_slots(self) -> int:
+        """Slots mapped in this process (tests: slots are reused, not made per batch)."""
+        return self._sup.mapped_slot_count
+
+    def owned_fds(self) -> list[int]:
+        """The descriptors the Supervisor holds (tests: a child closes them)."""
+        return list(self._sup.owned_fds())
+
+    def stats(self) -> list[dict]:
+        out = []
+        with self._lock:
+            for w in range(self.num_workers):
+                st = self._sup.status(w) if self._sup.has_worker(w) else None
+                proc = self._procs[w]
+                entry = {"id": w, "pid": proc.pid if proc is not None else None,
+                         "alive": bool(st)}
+                if st:
+                    entry.update({
+                        "state": st["state"], "index": st["index"], "task": st["task"],
+                        "samples": st["samples"], "batches": st["batches"],
+                        "rss_bytes": st["rss_bytes"], "bytes_sent": st["bytes_sent"],
+                        "seconds": {"getitem": st["seconds_in"]["loading"],
+                                    "collate": st["seconds_in"]["collating"],
+                                    "encode": st["seconds_in"]["encoding"],
+                                    "idle": st["seconds_in"]["idle"]},
+                    })
+                out.append(entry)
+        return out
+
+
+def _event(ev):
+    """The Supervisor's ("message", worker, type, task, a, b, c, payload, pending) as an event;
+    None for what is no event (a log descriptor the Supervisor kept)."""
+    _, worker, mtype, task, a, _b, _c, payload, pending = ev
+    if mtype == protocol.MSG_BATCH:
+        return BatchReady(worker, task, pending)
+    if mtype == protocol.MSG_ITER_STATE:
+        return StreamState(worker, task, bytes(payload))
+    if mtype == protocol.MSG_SKIPPED:
+        return SamplesSkipped(worker, task, protocol.decode_skipped(payload), a == 1)
+    if mtype == protocol.MSG_ERROR:
+        return TaskFailed(worker, task, protocol.decode_error(payload))
+    if mtype == protocol.MSG_END:
+        return StreamEnded(worker, task)
+    if mtype == protocol.MSG_RESUMED:
+        return EpochBegun(worker, task)
+    return None

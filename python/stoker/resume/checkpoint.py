@@ -1,0 +1,81 @@
+"""Checkpoint and resume: the loader's state, taken and loaded (docs/design/resume.md).
+
+A state names the epoch under way, which of its sampler positions the user has received (a
+prefix, plus the few beyond it that ``in_order=False`` delivered early), and what regenerates the
+epoch's sampler order (``state.State``). Resuming replays the sampler of that epoch under the
+saved RNG states and skips the positions already delivered, without loading them: batches that
+were prefetched but not yielded are simply loaded again, and the order of the rest of the epoch,
+and of the epochs after it, is the uninterrupted run's. Positions count what the sampler yields
+(batches of indices), not workers' work, so a state resumes under any ``num_workers``, 0
+included.
+
+``get_state`` may be called at any time (between batches, before ``iter()``, after the epoch);
+``set_state`` checks everything first and then makes the next epoch to begin (or a live
+iterator's next batch) resume from it.
+
+Thread contract: called by the thread that iterates the loader (as torch's iterators are).
+"""
+
+from __future__ import annotations
+
+from ..config.records import SkippedSample
+from . import elastic
+from . import order as _order
+from .position import point_of
+from .state import State, check_distributed, check_fingerprint, fingerprint
+
+
+def get_state(loader, records, options) -> dict:
+    """The loader's state now, as a plain dict (``State.to_dict``)."""
+    point = point_of(records)
+    st = State(
+        loader=fingerprint(loader),
+        epoch=records.epoch,
+        generators_now=_order.capture_generators(loader),
+        seed=options.seed,
+        skipped=tuple((s.index, s.reason, s.epoch) for s in records.skipped),
+        quarantined=tuple(sorted(records.quarantined, key=repr)),
+        distributed=elastic.describe(loader),
+    )
+    if point.pending is not None:  # loaded, not iterated yet: the same state again
+        return st.replace(**point.pending.position_part()).to_dict()
+    rec = point.current
+    if rec is None or rec.epoch != records.epoch:
+        return st.to_dict()  # no epoch begun in this process (or since a finished state loaded)
+    d = rec.delivered
+    return st.replace(
+        epoch=rec.epoch, finished=d.finished, position=d.prefix,
+        delivered_after=tuple(sorted(d.extra)), batches_yielded=d.yielded,
+        base_seed=rec.base_seed, torch_rng=rec.torch_rng, generators=rec.generators,
+        sampler_epoch=rec.sampler_epoch, order=rec.order,
+        worker_states=tuple(sorted(rec.streams.received.items())),
+        last_worker=rec.streams.last_worker,
+    ).to_dict()
+
+
+def set_state(loader, records, sd) -> None:
+    """Loads `sd` (a state, or the list of all ranks' states of a saved job: elastic.py) into
+    the loader: checked against it first (``StateMismatchError`` naming what differs)."""
+    resized = isinstance(sd, (list, tuple))
+    if resized:
+        state = elastic.merge(loader, [State.from_dict(one) for one in sd])
+    else:
+        state = State.from_dict(sd)
+        check_distributed(state.distributed, elastic.describe(loader))
+    check_fingerprint(state.loader, fingerprint(loader), resized)
+    point = point_of(records)
+    records.set_skipped(SkippedSample(i, r, e) for i, r, e in state.skipped)
+    records.quarantined = set(state.quarantined)
+    point.current = None
+    if state.finished:
+        # The next iter() begins the next epoch, with the generators where the saved run had them.
+        point.pending = None
+        records.epoch = state.epoch
+        _order.set_generators(loader, state.generators_now)
+        return
+    records.epoch = state.epoch - 1  # the epoch that begins next is the saved one
+    point.pending = state
+    if state.sampler_epoch is not None:
+        s = _order.epoch_sampler(loader)
+        if s is not None:
+            s.set_epoch(state.sampler_epoch)

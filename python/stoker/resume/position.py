@@ -1,0 +1,154 @@
+"""Where an epoch is: which sampler positions the user has received, what regenerates the order,
+and, for a stateful stream, each worker's state.
+
+- ``Delivered``: positions ``[0, prefix)`` plus the few beyond it that ``in_order=False``
+  delivered early; batches received.
+- ``Streams``: a stateful IterableDataset's per-worker states: the one that goes with the last
+  batch the user received from each worker (what a checkpoint holds), and the one after the last
+  outcome that reached the main process (what a restarted worker continues from).
+- ``EpochPosition``: one epoch of one iterator, made of those plus what regenerates its order
+  and how a resume replays it.
+- ``SamplerStream``: the epoch's sampler iterator, counted, skipping what a resume already
+  delivered, under the saved RNG.
+- ``ResumePoint``: the loader's (in its records): the epoch under way and a loaded state that
+  the next epoch to begin resumes.
+
+Only ``cursor.Cursor`` writes an ``EpochPosition``; ``checkpoint.py`` reads it. Thread contract:
+the iterating thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import order as _order
+from .state import State
+
+
+@dataclass
+class Delivered:
+    prefix: int = 0  # positions [0, prefix) delivered
+    extra: set = field(default_factory=set)  # positions beyond the prefix (in_order=False)
+    yielded: int = 0  # batches the user received this epoch
+    finished: bool = False  # the iterator said StopIteration
+
+    def mark(self, pos: int) -> None:
+        if pos == self.prefix:
+            self.prefix += 1
+            while self.prefix in self.extra:
+                self.extra.discard(self.prefix)
+                self.prefix += 1
+        elif pos > self.prefix:
+            self.extra.add(pos)
+
+
+@dataclass
+class Streams:
+    """A stateful IterableDataset's states (opaque bytes from the workers), per worker."""
+
+    received: dict = field(default_factory=dict)  # worker -> state of its last batch received
+    last_worker: int | None = None  # the worker of the last batch received
+    by_task: dict = field(default_factory=dict)  # task in flight -> (worker, state sent with it)
+    arrived: dict = field(default_factory=dict)  # worker -> state after its last outcome
+    arrived_from: set = field(default_factory=set)  # workers any outcome came from
+
+
+@dataclass
+class EpochPosition:
+    epoch: int
+    base_seed: int
+    # What regenerates the order.
+    torch_rng: bytes | None = None  # torch's global RNG at the sampler's first draw
+    generators: tuple = ()  # the loader's generators as the epoch began
+    sampler_epoch: int | None = None
+    order: bytes | None = None  # an elastic resume's explicit global order
+    delivered: Delivered = field(default_factory=Delivered)
+    streams: Streams = field(default_factory=Streams)
+    # Replaying a resumed epoch: the first draw happens under torch_rng; positions already
+    # delivered are drawn and dropped; an IterableDataset whose workers cannot be positioned
+    # loads `discard` batches again and drops them.
+    replay: bool = False
+    skip_prefix: int = 0
+    skip_extra: frozenset = frozenset()
+    discard: int = 0
+    task_pos: dict = field(default_factory=dict)  # multi-process: task -> sampler position
+
+
+class SamplerStream:
+    """The epoch's sampler iterator, counted: ``pos`` is the position of the last item drawn.
+    Positions already delivered before a resume are drawn and dropped (never loaded). The first
+    draw records torch's global RNG state, or, when resuming, happens under the saved one and
+    leaves the caller's global RNG as it was."""
+
+    def __init__(self, inner, record: EpochPosition):
+        self.inner = inner
+        self.record = record
+        self.pos = -1
+        self._first = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        rec = self.record
+        if self._first:
+            self._first = False
+            if rec.replay and rec.torch_rng is not None:
+                mine = torch.get_rng_state()
+                torch.set_rng_state(_order.rng_tensor(rec.torch_rng))
+                try:
+                    return self._draw()
+                finally:
+                    torch.set_rng_state(mine)
+            rec.torch_rng = _order.rng_bytes(torch.get_rng_state())
+        return self._draw()
+
+    def _draw(self):
+        rec = self.record
+        while True:
+            item = next(self.inner)
+            self.pos += 1
+            if self.pos >= rec.skip_prefix and self.pos not in rec.skip_extra:
+                return item
+
+
+class ResumePoint:
+    """Per loader: the epoch under way (``current``), and a loaded mid-epoch state that the
+    next epoch to begin resumes (``pending``, a ``state.State``). Pickles with the loader (no
+    live references)."""
+
+    def __init__(self):
+        self.current: EpochPosition | None = None
+        self.pending = None
+
+
+def point_of(records) -> ResumePoint:
+    """The loader's resume point (in its records), made on first use; a loader pickled by
+    stoker 0.1 brings its old tracker, read here."""
+    p = records.resume
+    if isinstance(p, ResumePoint):
+        return p
+    new = ResumePoint()
+    if p is not None:
+        _from_legacy(new, p.__dict__)
+    records.resume = new
+    return new
+
+
+def _from_legacy(point: ResumePoint, old: dict) -> None:
+    rec = old.get("current")
+    if rec is not None:
+        r = rec.__dict__
+        point.current = EpochPosition(
+            r["epoch"], r["base_seed"], torch_rng=r.get("torch_rng"),
+            generators=r.get("generators", ()), sampler_epoch=r.get("sampler_epoch"),
+            order=r.get("order"),
+            delivered=Delivered(r.get("prefix", 0), set(r.get("extra", ())),
+                                r.get("yielded", 0), r.get("finished", False)),
+            streams=Streams(dict(r.get("worker_states", {})), r.get("last_worker")))
+    pending = old.get("pending")
+    if pending is not None:
+        point.pending = State(loader={}, **{k: pending.get(k, getattr(State, k, None))
+                                            for k in State.POSITION})

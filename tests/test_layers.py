@@ -1,0 +1,206 @@
+"""The Python package's imports run one way (docs/design/python.md).
+
+Every import of a stoker module by another, at any depth (imports inside functions count), is an
+edge. The test fails on an edge that goes up the layers, on a cycle, on a module no layer claims,
+and on a module reaching into another module's private names. Static (ast): no module is run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import stoker
+
+PACKAGE = os.path.dirname(stoker.__file__)
+
+# Bottom to top. A module may import its own layer and those below it.
+LAYERS = [
+    ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
+                "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
+                "stoker._legacy"]),
+    ("config", ["stoker.config"]),
+    ("engine", ["stoker.engine"]),
+    ("placements", ["stoker.placements"]),
+    ("resume", ["stoker.resume"]),
+    ("autotune", ["stoker.autotune"]),
+    ("iterators", ["stoker.iterators"]),
+    ("loader", ["stoker._loader"]),
+    ("integrations", ["stoker.integrations"]),
+    ("tools", ["stoker", "stoker.__main__", "stoker.doctor", "stoker.top", "stoker.monitoring",
+               "stoker.bench",
+               # kept for loaders pickled by stoker 0.1; only pickle imports them
+               "stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"]),
+]
+
+# The one edge allowed to close a loop: the spawn-child hook is loaded by file path, before the
+# package (so it imports nothing of stoker at its top), and enables stoker once torch is
+# imported, from inside a function (integrations/autoenable.py).
+ALLOWED = {("stoker.integrations.autoenable", "stoker.integrations.enable")}
+
+EXTENSIONS = {"stoker._stoker"}
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    root = os.path.dirname(PACKAGE)
+    for d, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].endswith("__init__.py")
+
+
+def _resolve(module: str, node) -> list[tuple[str, list[str]]]:
+    """(imported stoker module, names taken from it) for one import statement."""
+    out = []
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.name == "stoker" or a.name.startswith("stoker."):
+                out.append((a.name, []))
+        return out
+    parts = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    if node.level:
+        parts = parts[: len(parts) - (node.level - 1)]
+        target = ".".join(parts + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not (target == "stoker" or target.startswith("stoker.")):
+        return out
+    for a in node.names:
+        sub = f"{target}.{a.name}"
+        if sub in MODULES or sub in EXTENSIONS:
+            out.append((sub, []))
+        else:
+            out.append((target, [a.name]))
+    return out
+
+
+def _graph():
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    private: list[str] = []
+    for m, path in MODULES.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        aliases = {}  # local name -> stoker module it names
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target, names in _resolve(m, node):
+                    if target in EXTENSIONS:
+                        continue
+                    assert target in MODULES, f"{m} imports {target}, which does not exist"
+                    if target != m:
+                        edges[m].add(target)
+                    for n in names:
+                        if n.startswith("_") and not n.startswith("__") and m not in _SHIMS:
+                            private.append(f"{m} imports {n} from {target}")
+                if isinstance(node, ast.ImportFrom):
+                    for a, (target, names) in zip(node.names, _resolve(m, node)):
+                        if not names:
+                            aliases[a.asname or a.name] = target
+                else:
+                    for a in node.names:
+                        if a.asname and (a.name == "stoker" or a.name.startswith("stoker.")):
+                            aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                target = aliases[node.value.id]
+                if f"{target}.{node.attr}" not in MODULES | dict.fromkeys(EXTENSIONS):
+                    private.append(f"{m} reads {target}.{node.attr}")
+    return edges, private
+
+
+_SHIMS = {"stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"}
+
+
+def _layer_of(module: str) -> int | None:
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+                best, best_len = i, len(p)
+    return best
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in MODULES if _layer_of(m) is None)
+    assert not missing, f"modules no layer claims (add them to LAYERS): {missing}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    edges, _ = _graph()
+    up = []
+    for src, targets in edges.items():
+        for dst in targets:
+            if (src, dst) in ALLOWED:
+                continue
+            ls, ld = _layer_of(src), _layer_of(dst)
+            if ld is not None and ls is not None and ld > ls:
+                up.append(f"{src} ({LAYERS[ls][0]}) imports {dst} ({LAYERS[ld][0]})")
+    assert not up, "imports that go up the layers:\n  " + "\n  ".join(sorted(up))
+
+
+def _cycles(edges) -> list[list[str]]:
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if (v, w) in ALLOWED:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_there_is_no_import_cycle_at_any_depth():
+    edges, _ = _graph()
+    cycles = _cycles(edges)
+    described = []
+    for comp in cycles:
+        inside = sorted(f"{a} -> {b}" for a in comp for b in edges[a] if b in comp)
+        described.append(", ".join(inside))
+    assert not cycles, "import cycles:\n  " + "\n  ".join(described)
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    _, private = _graph()
+    assert not private, "private names used across modules:\n  " + "\n  ".join(sorted(private))
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import():
+    """The checks themselves: a made-up graph with a loop and an edge up must fail them."""
+    edges = {"stoker.engine.a": {"stoker.iterators.b"}, "stoker.iterators.b": {"stoker.engine.a"}}
+    assert _cycles(edges) == [["stoker.engine.a", "stoker.iterators.b"]]
+    assert _layer_of("stoker.engine.a") < _layer_of("stoker.iterators.b")
