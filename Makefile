@@ -7,12 +7,18 @@ DEPS     := $(VENV)/.deps-stamp
 CPPBUILD := build/cpp
 JOBS     ?= 2
 
-PY_DEPS := torch==2.13.0 numpy pytest psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
+PY_DEPS := torch==2.13.0 numpy pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 # The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
 FW_REQS  := tests/requirements-frameworks.txt
 FW_DEPS  := $(VENV)/.frameworks-stamp
+# tests/vision (Mosaic's streaming, which imports torchvision): their own venv, since PyPI's
+# torchvision needs its own torch build (tests/requirements-vision.txt).
+VVENV    := .venv-vision
+VPY_V    := $(VVENV)/bin/python
+VISION_REQS := tests/requirements-vision.txt
+VISION_DEPS := $(VVENV)/.deps-stamp
 
-.PHONY: all demo test test-cpp test-py bench torch-suite lint format fuzz sanitize stubs install sysdeps clean
+.PHONY: all demo test test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize stubs install sysdeps clean
 
 all: install
 
@@ -35,7 +41,7 @@ $(FW_DEPS): $(DEPS) $(FW_REQS)
 install: $(DEPS)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps .
 
-test: test-cpp test-py
+test: test-cpp test-py test-vision
 
 test-cpp: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
@@ -44,6 +50,16 @@ test-cpp: $(DEPS) sysdeps
 
 test-py: install $(FW_DEPS)
 	$(VPY) -m pytest -q tests
+
+$(VISION_DEPS): $(VISION_REQS) pyproject.toml Makefile
+	test -x $(VPY_V) || $(PYTHON) -m venv $(VVENV)
+	$(VPY_V) -m pip install -q -r $(VISION_REQS) pytest psutil nanobind scikit-build-core cmake ninja
+	$(VPY_V) -m pip install -q --no-deps mosaicml-streaming==0.13.0
+	touch $@
+
+test-vision: $(VISION_DEPS)
+	$(VPY_V) -m pip install -q --no-build-isolation --no-deps .
+	$(VPY_V) -m pytest -q tests/vision
 
 demo: install
 	$(VPY) examples/demo.py
@@ -96,4 +112,4 @@ format: $(DEPS)
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(VVENV)

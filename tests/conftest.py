@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -45,6 +46,11 @@ def script():
 
 
 _RUNNING_LOADER = """
+import signal
+# Ctrl+C as in a terminal. A suite started as a background job of a non-interactive shell (`make
+# test &`) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt:
+# this process would sit out the test's SIGINT (the cause of the Ctrl+C test's rare timeout).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import stoker
 from scenario_datasets import Slow
 loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
@@ -85,3 +91,8 @@ def cgroup_tree(tmp_path, monkeypatch):
     monkeypatch.setattr(_cgroup, "_V2_ROOT", str(tmp_path / "cg"))
     monkeypatch.setattr(_cgroup, "_V1_ROOT", str(tmp_path / "cg" / "memory"))
     return tmp_path
+
+
+# tests/vision needs torchvision (and what imports it: Mosaic's streaming, timm), whose PyPI
+# builds need torch 2.14.1: `make test-vision` runs them in their own venv (.venv-vision).
+collect_ignore = [] if importlib.util.find_spec("torchvision") else ["vision"]

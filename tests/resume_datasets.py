@@ -173,3 +173,70 @@ class UnevenStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         wid = 0 if info is None else info.id
         return iter(range(wid * 1000, wid * 1000 + (self.short if wid == 0 else self.long)))
+
+
+class NumpyPermSampler(torch.utils.data.Sampler):
+    """A sampler with its own state (torchdata's Stateful protocol): each epoch is a permutation
+    from its own NumPy generator, and it yields NumPy integers (as np.random.permutation
+    does). Resumed without its state, an epoch gives another order."""
+
+    def __init__(self, n, seed=0):
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        yield from self.rng.permutation(self.n)  # np.int64 items
+
+    def state_dict(self):
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
+
+class RandomStream(torch.utils.data.IterableDataset):
+    """`n` items per worker, each [worker, k, a draw from torch's generator]: the draws are what
+    seed="per_sample" makes reproducible for a stream."""
+
+    def __init__(self, n=32):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid = 0 if info is None else info.id
+        for k in range(self.n):
+            yield torch.tensor([float(wid), float(k), torch.rand(()).item()])
+
+
+class OpaqueStateStream(StatefulStream):
+    """A stateful stream whose state holds an object a checkpoint cannot hold (a file handle
+    wrapper, say)."""
+
+    class Handle:
+        pass
+
+    def state_dict(self):
+        return {"pos": self.pos, "reader": OpaqueStateStream.Handle()}
+
+
+class MosaicLikeStream(torch.utils.data.IterableDataset):
+    """A dataset with methods named state_dict/load_state_dict that mean something else (Mosaic's
+    StreamingDataset.state_dict(num_samples, from_beginning)): not the Stateful protocol."""
+
+    def __init__(self, n=12):
+        self.n = n
+        self.resumed_at = None
+
+    def state_dict(self, num_samples, from_beginning):
+        return {"sample_in_epoch": num_samples}
+
+    def load_state_dict(self, obj):
+        self.resumed_at = obj["sample_in_epoch"]
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, w = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(k, self.n, w))

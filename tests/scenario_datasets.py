@@ -267,3 +267,20 @@ class Keyed(Dataset):
         if key == self.bad:
             ctypes.string_at(0)
         return torch.full((4,), float(key[1:])), int(key[1:])
+
+
+class KillsInCollateOnce:
+    """A collate_fn that SIGKILLs its worker the first time a batch holds the sample `at` (a
+    marker file in `marks` remembers it happened): the worker has already reported the
+    batch's skipped samples when it dies."""
+
+    def __init__(self, at, marks):
+        self.at, self.marks = at, marks
+
+    def __call__(self, batch):
+        mark = os.path.join(self.marks, f"collate-{self.at}")
+        if self.at in batch and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(5)
+        return torch.utils.data.default_collate(batch)

@@ -18,7 +18,7 @@ PACKAGE = os.path.dirname(stoker.__file__)
 LAYERS = [
     ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
                 "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
-                "stoker._legacy"]),
+                "stoker._legacy", "stoker._plain"]),
     ("config", ["stoker.config"]),
     ("engine", ["stoker.engine"]),
     ("placements", ["stoker.placements"]),
@@ -125,10 +125,13 @@ _SHIMS = {"stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._death
 
 
 def _layer_of(module: str) -> int | None:
+    """The layer of `module`: an entry names a module, or a subpackage and all below it (the
+    package itself, "stoker", names only its __init__)."""
     best, best_len = None, -1
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best_len:
+            below = p != "stoker" and module.startswith(p + ".")
+            if (module == p or below) and len(p) > best_len:
                 best, best_len = i, len(p)
     return best
 
@@ -199,8 +202,11 @@ def test_no_module_reaches_into_another_modules_private_names():
     assert not private, "private names used across modules:\n  " + "\n  ".join(sorted(private))
 
 
-def test_the_checker_sees_a_cycle_and_an_upward_import():
-    """The checks themselves: a made-up graph with a loop and an edge up must fail them."""
+def test_the_checker_sees_a_cycle_an_upward_import_and_an_unclaimed_module():
+    """The checks themselves: a made-up graph with a loop and an edge up must fail them, and a
+    new top-level module belongs to no layer until one claims it."""
     edges = {"stoker.engine.a": {"stoker.iterators.b"}, "stoker.iterators.b": {"stoker.engine.a"}}
     assert _cycles(edges) == [["stoker.engine.a", "stoker.iterators.b"]]
     assert _layer_of("stoker.engine.a") < _layer_of("stoker.iterators.b")
+    assert _layer_of("stoker._new_module") is None
+    assert _layer_of("stoker") == len(LAYERS) - 1

@@ -88,9 +88,9 @@ print("OK")
 # 1 MiB batches; 8 MiB split between 2 workers leaves each room for 3 slots.
 _CAPPED = """
 import time, torch, stoker
-from stoker.engine import process
+from stoker.engine import worker as _loop
 from scenario_datasets import Squares
-process.SHARED_MEMORY_PATIENCE_S = {patience}
+_loop.SHARED_MEMORY_PATIENCE_S = {patience}
 CAP = 8 << 20
 loader = stoker.DataLoader(Squares(n=4 * 60, shape=(64 * 1024,)), batch_size=4, num_workers=2,
                            max_shared_memory=CAP, multiprocessing_context="fork")
@@ -161,3 +161,61 @@ def test_max_shared_memory_values():
         assert shared_memory_cap("auto") is None
     finally:
         _system.memory_limit_and_usage = real
+
+
+def test_num_workers_auto_divides_the_cap_among_the_workers_running(script):
+    """num_workers="auto" starts one of two workers; the cap is divided among the workers
+    running, not the most there may be: a loop that keeps its last two 4 MiB batches under a
+    24 MiB cap completes (it used to wait out its patience and fail), and the tuner adds no
+    worker that would leave each one less than its batches take."""
+    r = script("""
+import collections, stoker
+from stoker import _system
+from stoker.engine import worker as _loop
+from scenario_datasets import Squares
+_system.usable_cpus = lambda: 2
+_loop.SHARED_MEMORY_PATIENCE_S = 5.0
+CAP = 24 << 20
+loader = stoker.DataLoader(Squares(n=60, shape=(1 << 20,)), batch_size=1, num_workers="auto",
+                           max_shared_memory=CAP)
+last, peak, seen = collections.deque(maxlen=2), 0, []
+for b in loader:
+    last.append(b)
+    seen.append(int(b[1][0]))
+    peak = max(peak, loader.stats()["memory"]["bytes_mapped"])
+assert seen == list(range(60)), seen
+assert peak <= CAP, peak
+print("OK", peak >> 20)
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_worker_added_takes_its_share_from_the_others(script):
+    """A tuner that adds a worker (scripted): the running one is told its smaller share and
+    lets go of free slots at once; every batch arrives and the slots never exceed the cap."""
+    r = script("""
+import itertools, stoker
+from stoker import _system
+from stoker.autotune import measure, tuner
+from scenario_datasets import Squares
+_system.usable_cpus = lambda: 2
+measure.WINDOW_S = 0.0
+steps = itertools.chain([1] * 10, itertools.repeat(2))
+def decide(self, window, batch):
+    self.active = next(steps)
+    return self.active
+tuner.Tuner.decide = decide
+CAP = 48 << 20
+loader = stoker.DataLoader(Squares(n=80, shape=(1 << 20,)), batch_size=1, num_workers="auto",
+                           max_shared_memory=CAP)
+seen, peak = [], 0
+for b in loader:
+    seen.append(int(b[1][0]))
+    peak = max(peak, loader.stats()["memory"]["bytes_mapped"])
+    del b
+assert seen == list(range(80)), seen
+assert peak <= CAP, peak
+assert loader.stats()["autotune"]["active_workers"] == 2
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -331,3 +331,26 @@ def test_iterable_dataset_resumes_by_skipping_with_the_same_num_workers(workers)
     assert got + [b.tolist() for b in resumed] == ref
     with pytest.raises(StateMismatchError, match="num_workers: saved"):
         fresh(workers + 1).load_state_dict(sd)
+
+
+def test_each_skipped_sample_is_recorded_once_across_a_resume_with_prefetched_batches():
+    """Batches prefetched before the checkpoint and loaded again after the resume must not record
+    their skipped samples a second time (9 corrupt samples, 9 records)."""
+    from resume_datasets import FailsAt
+
+    bad = {1, 5, 6, 14, 22, 23, 37, 50, 61}
+
+    def make_skipping(workers):
+        return stoker.DataLoader(FailsAt(bad), batch_size=4, on_error="skip",
+                                 num_workers=workers, prefetch_factor=4 if workers else None)
+
+    loader = make_skipping(2)
+    it = iter(loader)
+    first = [next(it) for _ in range(5)]
+    sd = loader.state_dict()
+    del it
+    resumed = make_skipping(2)
+    resumed.load_state_dict(saved(sd))
+    rest = list(resumed)
+    assert sorted(s.index for s in resumed.skipped) == sorted(bad)
+    assert sum(len(b) for b in first + rest) == 64 - len(bad)

@@ -23,6 +23,7 @@ enum class MessageType : uint32_t {
   kTask = 1,    // task: load these indices (payload: int64[]) or the next batch (iterable)
   kResume = 2,  // a new epoch begins (persistent workers); reply kResumed
   kStop = 3,    // exit cleanly
+  kLimit = 4,   // a = the most this worker's slots may take together, in bytes (0: no cap)
   // worker -> main
   kSlotNew = 10,     // a = slot id; the memfd is attached
   kSlotRetire = 11,  // a = slot id: the worker dropped this FREE slot

@@ -68,6 +68,23 @@ Status SlotPool::Retire(size_t index) {
   return Status::OK();
 }
 
+Status SlotPool::SetLimit(uint64_t cap_bytes, int patience_ms) {
+  cap_bytes_ = cap_bytes;
+  patience_ms_ = patience_ms;
+  while (cap_bytes_ != 0 && mapped_bytes() > cap_bytes_) {
+    size_t largest = slots_.size();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (SlotWord(slots_[i].header()).state() != static_cast<uint32_t>(SlotState::kFree)) continue;
+      if (largest == slots_.size() || slots_[i].capacity() > slots_[largest].capacity()) {
+        largest = i;
+      }
+    }
+    if (largest == slots_.size()) break;  // the rest is in use: it fits once it comes back
+    STOKER_RETURN_IF_ERROR(Retire(largest));
+  }
+  return Status::OK();
+}
+
 size_t SlotPool::FindFree(size_t bytes) const {
   size_t best = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i) {

@@ -7,7 +7,9 @@
 //
 // With a cap (SetLimit), the slots together never exceed `cap_bytes`: free slots that are too
 // small are retired to make room, and when every slot is in use the worker waits (a futex wait
-// on a slot's state word, in short slices) for the user to let go of one. If no slot comes free
+// on a slot's state word, in short slices) for the user to let go of one. A cap lowered while
+// slots exist (the main process divides max_shared_memory among more workers) retires free
+// slots at once until the pool fits; slots still in use count until they come back. If no slot comes free
 // for `patience_ms`, or one batch alone needs more than the cap, Acquire fails with
 // kLimitReached and a message that says what is held. Without a cap the worker never waits.
 //
@@ -41,11 +43,10 @@ class SlotPool {
   // sock: the worker's end of its channel (not owned).
   SlotPool(int sock, uint32_t worker_id) : sock_(sock), worker_id_(worker_id) {}
 
-  // cap_bytes: the most all slots may take together, headers included (0: no cap).
-  void SetLimit(uint64_t cap_bytes, int patience_ms) {
-    cap_bytes_ = cap_bytes;
-    patience_ms_ = patience_ms;
-  }
+  // cap_bytes: the most all slots may take together, headers included (0: no cap). Free slots
+  // beyond a lowered cap are retired (each announced with kSlotRetire); fails only when telling
+  // the main process fails.
+  [[nodiscard]] Status SetLimit(uint64_t cap_bytes, int patience_ms);
   uint64_t cap_bytes() const { return cap_bytes_; }
 
   // A slot with at least `bytes` of payload capacity, in state WRITING.

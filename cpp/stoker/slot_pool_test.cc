@@ -70,7 +70,7 @@ TEST_F(SlotPoolTest, FreedSlotIsReused) {
 
 TEST_F(SlotPoolTest, BatchLargerThanCapFailsAtOnce) {
   SlotPool pool(fds_[0], 3);
-  pool.SetLimit(1 << 20, 60 * 1000);
+  ASSERT_TRUE(pool.SetLimit(1 << 20, 60 * 1000).ok());
   WritableSlot s;
   const auto t0 = Clock::now();
   Status st = pool.Acquire(2 << 20, &s);
@@ -85,7 +85,7 @@ TEST_F(SlotPoolTest, BatchLargerThanCapFailsAtOnce) {
 TEST_F(SlotPoolTest, CapReachedWithEverySlotHeldFailsAfterPatience) {
   SlotPool pool(fds_[0], 2);
   const uint64_t slot = SlotBytesFor(100 * 1024);
-  pool.SetLimit(2 * slot, 200);
+  ASSERT_TRUE(pool.SetLimit(2 * slot, 200).ok());
   Hold(&pool, 100 * 1024);
   Hold(&pool, 100 * 1024);
   WritableSlot s;
@@ -102,7 +102,7 @@ TEST_F(SlotPoolTest, CapReachedWithEverySlotHeldFailsAfterPatience) {
 TEST_F(SlotPoolTest, WaitingWorkerResumesWhenTheUserLetsGo) {
   SlotPool pool(fds_[0], 2);
   const uint64_t slot = SlotBytesFor(100 * 1024);
-  pool.SetLimit(2 * slot, 20 * 1000);
+  ASSERT_TRUE(pool.SetLimit(2 * slot, 20 * 1000).ok());
   Hold(&pool, 100 * 1024);
   WritableSlot held = Hold(&pool, 100 * 1024);
   std::thread user([&] {
@@ -121,7 +121,7 @@ TEST_F(SlotPoolTest, CapRetiresFreeSlotsThatAreTooSmallToMakeRoom) {
   SlotPool pool(fds_[0], 1);
   const uint64_t small = SlotBytesFor(100 * 1024);
   const uint64_t big = SlotBytesFor(600 * 1024);
-  pool.SetLimit(big + small / 2, 200);
+  ASSERT_TRUE(pool.SetLimit(big + small / 2, 200).ok());
   WritableSlot a = Hold(&pool, 100 * 1024);
   WritableSlot b = Hold(&pool, 100 * 1024);  // two small slots fit under the cap
   Free(a);
@@ -132,6 +132,26 @@ TEST_F(SlotPoolTest, CapRetiresFreeSlotsThatAreTooSmallToMakeRoom) {
   EXPECT_EQ(pool.slot_count(), 1u);  // both small ones had to go: one would not leave room
   EXPECT_EQ(pool.mapped_bytes(), big);
   EXPECT_EQ(Count(MessageType::kSlotRetire), 2);
+}
+
+TEST_F(SlotPoolTest, LoweringTheCapRetiresFreeSlotsAtOnceAndKeepsThoseInUse) {
+  SlotPool pool(fds_[0], 1);
+  const uint64_t slot = SlotBytesFor(100 * 1024);
+  WritableSlot a = Hold(&pool, 100 * 1024);
+  WritableSlot b = Hold(&pool, 100 * 1024);
+  WritableSlot c = Hold(&pool, 100 * 1024);
+  Free(a);
+  Free(b);  // c is still held by the user
+  ASSERT_TRUE(pool.SetLimit(2 * slot, 200).ok());
+  EXPECT_EQ(pool.slot_count(), 2u);  // one free slot went, the held one stays
+  EXPECT_EQ(Count(MessageType::kSlotRetire), 1);
+  ASSERT_TRUE(pool.SetLimit(slot / 2, 200).ok());
+  EXPECT_EQ(pool.slot_count(), 1u);  // only the held slot is left: it goes once it is back
+  EXPECT_EQ(pool.mapped_bytes(), slot);
+  EXPECT_EQ(Count(MessageType::kSlotRetire), 1);  // (Count reads what came since the last)
+  ASSERT_TRUE(pool.SetLimit(0, 200).ok());  // no cap: nothing retired
+  EXPECT_EQ(pool.slot_count(), 1u);
+  (void)c;
 }
 
 TEST_F(SlotPoolTest, WithoutCapGrowingRetiresOnlyOneFreeSlot) {

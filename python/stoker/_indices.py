@@ -67,6 +67,25 @@ def seed_key(index) -> int:
     return zlib.crc32(repr(index).encode("utf-8", "replace"))
 
 
+def plain_index(index):
+    """`index` as plain data for a checkpoint (``_plain``): NumPy and tensor ints as int, plain
+    values as themselves, anything else by its repr (a checkpoint never holds an object)."""
+    n = as_int(index)
+    if n is not None and not isinstance(index, bool):
+        return n
+    if _plain_value(index):
+        return index
+    return repr(index)
+
+
+def _plain_value(v) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return True
+    if type(v) is tuple:
+        return all(_plain_value(x) for x in v)
+    return False
+
+
 def jsonable(index):
     """`index` as a JSON value: numbers, strings and None as themselves, the rest by repr."""
     return index if isinstance(index, (int, float, str, bool)) or index is None else repr(index)

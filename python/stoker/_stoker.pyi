@@ -34,6 +34,8 @@ MSG_RESUME: int = 2
 
 MSG_STOP: int = 3
 
+MSG_LIMIT: int = 4
+
 MSG_SLOT_NEW: int = 10
 
 MSG_SLOT_RETIRE: int = 11

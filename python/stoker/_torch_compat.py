@@ -48,6 +48,11 @@ def set_fetcher_iterator(fetcher, iterator) -> None:
     fetcher.dataset_iter = iterator
 
 
+def iterator_shut_down(iterator) -> bool:
+    """torch's multi-process iterator (and its subclasses, torchdata's) shut its workers down."""
+    return bool(getattr(iterator, "_shutdown", False))
+
+
 def pin_memory(batch, device: str):
     from torch.utils.data._utils.pin_memory import pin_memory as _pin
 

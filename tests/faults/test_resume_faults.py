@@ -96,3 +96,21 @@ def test_main_process_sigkilled_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     every = sorted(i for b in seen for i in b[0])
     assert every == list(range(40))  # every sample of the epoch exactly once
     assert json.loads(json.dumps(ref)) == seen  # and the very batches of an uninterrupted run
+
+
+def test_a_skip_reported_by_a_worker_killed_in_collate_is_recorded_once(script):
+    """The worker skips sample 5, reports it, and is killed while collating the rest of that
+    batch: the batch is re-issued and reports the skip again, and the loader records it once."""
+    r = script("""
+import tempfile, stoker
+from resume_datasets import FailsAt
+from scenario_datasets import KillsInCollateOnce
+loader = stoker.DataLoader(FailsAt({5}, 16), batch_size=4, num_workers=2, on_error="skip",
+                           collate_fn=KillsInCollateOnce(4, tempfile.mkdtemp()))
+got = [i for b in loader for i in b.tolist()]
+assert got == [i for i in range(16) if i != 5], got
+assert [s.index for s in loader.skipped] == [5], loader.skipped
+assert len(loader.deaths) == 1, loader.deaths
+print("OK")
+""", timeout=60)
+    assert "OK" in r.stdout, r.stdout + r.stderr

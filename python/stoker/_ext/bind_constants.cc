@@ -33,7 +33,8 @@ static_assert(offsetof(WorkerStatusPage, bytes_sent) == 8 * (kBefore + kWorkerSt
 
 constexpr std::pair<const char*, MessageType> kMessages[] = {
     {"TASK", MessageType::kTask},           {"RESUME", MessageType::kResume},
-    {"STOP", MessageType::kStop},           {"SLOT_NEW", MessageType::kSlotNew},
+    {"STOP", MessageType::kStop},           {"LIMIT", MessageType::kLimit},
+    {"SLOT_NEW", MessageType::kSlotNew},
     {"SLOT_RETIRE", MessageType::kSlotRetire}, {"BATCH", MessageType::kBatch},
     {"ERROR", MessageType::kError},         {"END", MessageType::kEnd},
     {"RESUMED", MessageType::kResumed},     {"HELLO", MessageType::kHello},

@@ -141,7 +141,7 @@ class WorkerEndpoint {
 
   // Caps this worker's slots at cap_bytes together (0: no cap); see SlotPool::SetLimit.
   void SetSharedMemoryLimit(uint64_t cap_bytes, double patience_s) {
-    pool_.SetLimit(cap_bytes, static_cast<int>(patience_s * 1000));
+    Check(pool_.SetLimit(cap_bytes, static_cast<int>(patience_s * 1000)));
   }
 
   size_t slot_count() const { return pool_.slot_count(); }

@@ -48,8 +48,7 @@ def wanted(options, map_style: bool, num_workers: int) -> tuple[bool, bool]:
 
 class Controller:
     def __init__(self, records, board, stats, workers, *, num_workers: int,
-                 depth: int, tune_workers: bool, tune_depth: bool,
-                 shared_memory_share: int | None):
+                 depth: int, tune_workers: bool, tune_depth: bool):
         """A tuner for an iterator: it starts with the first ``initial_workers`` workers and
         ``initial_depth``; an earlier iterator of this loader (its `records`) left what it
         learnt, and this one starts from there."""
@@ -70,7 +69,11 @@ class Controller:
         if tune_workers:
             board.set("active_workers", t.active)
         records.autotune = t.snapshot()
-        self.measure = Measure(stats, workers, _system.usable_cpus(), shared_memory_share)
+        self.measure = Measure(stats, workers, _system.usable_cpus())
+
+    def set_memory_share(self, share: int | None) -> None:
+        """Each worker's part of max_shared_memory now (the depth must fit in it)."""
+        self.measure.share = share
 
     @property
     def initial_workers(self) -> int:

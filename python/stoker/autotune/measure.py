@@ -26,7 +26,7 @@ class Measure:
         self._stats = stats
         self._workers = workers
         self._cpus = usable_cpus
-        self._share = shared_memory_share
+        self.share = shared_memory_share  # each worker's part of max_shared_memory (None: none)
         self._last = None
 
     def _now(self, ids):
@@ -73,5 +73,5 @@ class Measure:
             usable_cpus=self._cpus, worker_rss=now[5],
             slot_bytes_per_worker=mapped // started,
             memory_headroom=headroom, memory_limit=limit, workers=len(ids),
-            slot_bytes=mapped // slots if slots else 0, shared_memory_share=self._share,
+            slot_bytes=mapped // slots if slots else 0, shared_memory_share=self.share,
         )

@@ -163,6 +163,19 @@ class Tuner:
                         f"{100 * MEMORY_MARGIN:.0f}% of the memory limit "
                         f"({_system.human_bytes(w.memory_limit)}) free"), change=False)
                     return self.active
+            share = w.shared_memory_share
+            if share is not None and w.slot_bytes_per_worker:
+                # max_shared_memory is divided among the workers running: one more takes its
+                # part from the others, each of which must still hold what it holds now
+                after = share * self.active // (self.active + 1)
+                if w.slot_bytes_per_worker > after:
+                    self._note(batch, self.active, (
+                        f"not adding a worker: the loop waited {100 * stall:.0f}% of the time, "
+                        f"but max_shared_memory divided among {self.active + 1} workers would "
+                        f"leave each {_system.human_bytes(after)}, less than the "
+                        f"{_system.human_bytes(w.slot_bytes_per_worker)} each one's batches "
+                        "take now"), change=False)
+                    return self.active
             self._change(batch, self.active + 1, self.depth, (
                 f"{self.active} -> {self.active + 1} workers: the loop waited for data "
                 f"{100 * stall:.0f}% of the time and {free:.1f} of {w.usable_cpus} CPUs were free"))

@@ -207,7 +207,10 @@ class Options:
         for name in cls.names():
             raw = environ.get(cls.env_var(name))
             if raw:
-                out[name] = cls.parse(name, raw)
+                try:
+                    out[name] = cls.parse(name, raw)
+                except ValueError:
+                    raise ValueError(f"{cls.env_var(name)}: cannot read {raw!r}") from None
         return out
 
     @classmethod

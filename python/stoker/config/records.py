@@ -52,7 +52,7 @@ class LoaderRecords:
     # "stoker.DataLoader", "stoker.enable()", or None (torch's own iterator, or none yet).
     served_by: str | None = None
     autotune: dict | None = None  # the tuner's latest snapshot
-    resume: object = None  # resume.point.ResumePoint, owned by the resume package
+    resume: object = None  # resume.position.ResumePoint, owned by the resume package
     iterator: object = None  # weakref to the latest multi-process iterator
 
     def record_skip(self, rec: SkippedSample) -> None:
@@ -112,5 +112,5 @@ def _from_legacy(old, old_resume) -> LoaderRecords:
         rec.logged = set(o.get("logged", ()))
         rec.served_by = o.get("served_by")
         rec.autotune = o.get("autotune")
-    rec.resume = old_resume  # the resume package reads the old tracker (resume/point.py)
+    rec.resume = old_resume  # the resume package reads the old tracker (resume/position.py)
     return rec

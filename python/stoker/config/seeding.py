@@ -15,7 +15,9 @@ restarts and across resumes from a checkpoint (which restores the base seed and 
 The base seed is the iterator's, drawn as torch draws it (from the loader's ``generator`` or
 torch's global RNG when iteration starts); a checkpoint keeps it. A dataset with
 ``__getitems__`` loads a batch in one call: its generators are seeded once per batch, from the
-batch's indices (still the same whatever the worker).
+batch's indices (still the same whatever the worker). An IterableDataset's samples have no
+index: each is keyed by (worker id, its place in that worker's stream), which is stable across
+runs and resumes with the same ``num_workers`` (each worker's share of the stream is its own).
 
 Thread contract: a ``SampleSeeder`` is used by the thread that loads samples; it seeds that
 process's global generators, as torch's worker seeding does. docs/design/seeding.md has the rules.
@@ -74,17 +76,18 @@ class SampleSeeder:
     sample. ``epoch`` and ``base_seed`` are updated by the owner as epochs begin; it pickles
     (spawn) without its cached module references."""
 
-    def __init__(self, base_seed: int, epoch: int):
+    def __init__(self, base_seed: int, epoch: int, worker_id: int = 0):
         self.base_seed = base_seed
         self.epoch = epoch
+        self.worker_id = worker_id  # a stream's samples are keyed by (worker, place)
         self._torch_gen = None
         self._np_seed = None
 
     def __getstate__(self):
-        return {"base_seed": self.base_seed, "epoch": self.epoch}
+        return {"base_seed": self.base_seed, "epoch": self.epoch, "worker_id": self.worker_id}
 
     def __setstate__(self, d):
-        self.__init__(d["base_seed"], d["epoch"])
+        self.__init__(d["base_seed"], d["epoch"], d.get("worker_id", 0))
 
     def begin_epoch(self, epoch: int, base_seed: int) -> None:
         self.epoch = epoch
@@ -104,11 +107,13 @@ class SampleSeeder:
         except ImportError:
             self._np_seed = False
 
-    def __call__(self, index, position=None) -> None:
-        """Seeds for dataset index `index` (a Fetcher's on_sample; `position` is not used)."""
+    def __call__(self, index, position=None, stream_pos=None) -> None:
+        """Seeds for dataset index `index`, or for the stream's item at `stream_pos` (a
+        Fetcher's on_sample; `position` is not used)."""
         if self._torch_gen is None:
             self._bind()
-        s = sample_seed(self.base_seed, self.epoch, index)
+        key = index if stream_pos is None else ("stream", self.worker_id, stream_pos)
+        s = sample_seed(self.base_seed, self.epoch, key)
         random.seed(s)
         if self._np_seed:
             self._np_seed(s & 0xFFFF_FFFF)  # NumPy's legacy seeding takes 32 bits

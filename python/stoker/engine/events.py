@@ -71,7 +71,7 @@ class SamplesSkipped(Event):
 
 
 class StreamState(Event):
-    """A stateful IterableDataset's state in this worker after `task` (opaque bytes)."""
+    """A stateful IterableDataset's state in this worker after `task` (plain data)."""
 
     __slots__ = ("state",)
 

@@ -25,11 +25,13 @@ def _reason(exc: BaseException) -> str:
 
 class Fetcher:
     """Fetches one task's samples. ``skipped`` collects (index, reason) of the last fetch;
-    ``current`` is the index being loaded (for error reports); ``on_sample(index)`` is called as
-    each sample starts (the worker writes it to its status page)."""
+    ``current`` is the index being loaded (for error reports); ``on_sample(index, position,
+    stream_pos)`` is called as each sample starts (the worker writes it to its status page,
+    per-sample seeding seeds for it). An IterableDataset's samples have no index: ``stream_pos``
+    counts the items drawn from the stream (from `stream_pos` on, after a restored state)."""
 
     def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
-                 max_retries=3, on_sample=None):
+                 max_retries=3, on_sample=None, stream_pos: int = 0):
         self.kind = kind
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -42,13 +44,21 @@ class Fetcher:
         if kind == ITERABLE:
             self.iterator = iter(dataset)
             self.ended = False
+            self.stream_pos = stream_pos
 
     def _begin(self, index, position=None):
         """`position`: where `index` is in the task's list of indices (0 for a task that is
         one index), so the main process can name a sample whose index is not an int."""
         self.current = index
         if self.on_sample is not None:
-            self.on_sample(index, position)
+            self.on_sample(index, position, None)
+
+    def _next_item(self):
+        """The stream's next item, announced with its place in the stream."""
+        if self.on_sample is not None:
+            self.on_sample(None, None, self.stream_pos)
+        self.stream_pos += 1
+        return next(self.iterator)
 
     def _one(self, load, index):
         """load() under the error policy; returns (ok, sample)."""
@@ -115,16 +125,16 @@ class Fetcher:
     def _fetch_iterable(self, index):
         if self.ended:
             raise StopIteration
-        self._begin(None)
+        self.current = None
         if not self.auto_collation:
-            ok, sample = self._one(lambda: next(self.iterator), None)
+            ok, sample = self._one(self._next_item, None)
             if not ok:
                 raise AllSkipped()
             return sample
         data = []
         for _ in index:
             try:
-                ok, sample = self._one(lambda: next(self.iterator), None)
+                ok, sample = self._one(self._next_item, None)
             except StopIteration:
                 self.ended = True
                 break

@@ -29,14 +29,12 @@ import sys
 from .. import _stoker
 from .._errors import EngineError
 from . import fdpass, protocol
+from . import worker as _loop
 from .worker import WorkerConfig, WorkerLoop
 
 # faulthandler dumps every thread's stack on this signal: the main process asks for it when a
 # worker hangs. A real-time signal, so it does not collide with SIGUSR1/2 users of the dataset.
 DUMP_SIGNAL = signal.SIGRTMIN + 2
-# How long a batch waits for the user to let go of shared memory under max_shared_memory before
-# it fails with SharedMemoryLimitError; each slot that comes free starts the wait afresh.
-SHARED_MEMORY_PATIENCE_S = 30.0
 _STDERR_KEEP = 256 * 1024
 
 
@@ -103,7 +101,8 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
     fdpass.close_inherited(keep=fd)
     endpoint = _stoker.WorkerEndpoint(fd, worker_id)
     if config.shared_memory_share:
-        endpoint.set_shared_memory_limit(config.shared_memory_share, SHARED_MEMORY_PATIENCE_S)
+        endpoint.set_shared_memory_limit(config.shared_memory_share,
+                                         _loop.SHARED_MEMORY_PATIENCE_S)
     endpoint.arm_guard(parent_pid)
     try:
         # The crash log first: once the main process sees a status page, it may ask for a

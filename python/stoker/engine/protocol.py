@@ -24,6 +24,7 @@ from .. import _stoker
 MSG_TASK = _stoker.MSG_TASK
 MSG_RESUME = _stoker.MSG_RESUME
 MSG_STOP = _stoker.MSG_STOP
+MSG_LIMIT = _stoker.MSG_LIMIT
 MSG_BATCH = _stoker.MSG_BATCH
 MSG_ERROR = _stoker.MSG_ERROR
 MSG_END = _stoker.MSG_END
@@ -69,10 +70,11 @@ def decode_index(fmt: int, payload: bytes):
     return pickle.loads(payload)
 
 
-def encode_resume(base_seed: int, shared_seed: int | None, iter_states=None) -> bytes:
+def encode_resume(base_seed: int, shared_seed: int | None, stream_states=None) -> bytes:
     """What a new epoch's RESUME tells persistent workers (its number travels as the task);
-    `iter_states`: {worker id: pickled state} of a stateful IterableDataset being resumed."""
-    return pickle.dumps((base_seed, shared_seed, iter_states or {}))
+    `stream_states`: {worker id: state (plain data)} of a stateful IterableDataset being
+    resumed."""
+    return pickle.dumps((base_seed, shared_seed, stream_states or {}))
 
 
 def decode_resume(payload: bytes) -> tuple[int, int | None, dict]:
@@ -145,6 +147,15 @@ def _safe_repr(obj) -> str:
 
 
 def decode_error(payload: bytes) -> dict:
+    return pickle.loads(payload)
+
+
+def encode_stream_state(state: dict) -> bytes:
+    """A stateful stream's state (plain data, ``_plain``) from a worker to the main process."""
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_stream_state(payload: bytes) -> dict:
     return pickle.loads(payload)
 
 

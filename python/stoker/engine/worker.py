@@ -15,7 +15,9 @@ through an *endpoint*, which the placement provides; the local one is the C++
 - ``send(type, task, a=0, payload=b"")`` and ``send_batch(task, obj, mode, indices) -> bool``
   (False: the C++ fast path declined the object; collate it in Python and send again);
 - ``enter(state, task, index, position=-1)``, ``add_sample()``, ``update_rss()``: the status the
-  main process reads (hang watch, ``stats()``, ``stoker top``).
+  main process reads (hang watch, ``stats()``, ``stoker top``);
+- ``set_shared_memory_limit(bytes, patience_s)``: the most this worker's batches may take (the
+  main process divides ``max_shared_memory`` among the workers running).
 
 Thread contract: a loop runs on one thread of its worker, the one that runs the dataset.
 """
@@ -37,12 +39,17 @@ from .protocol import (
     MSG_END,
     MSG_ERROR,
     MSG_ITER_STATE,
+    MSG_LIMIT,
     MSG_RESUME,
     MSG_RESUMED,
     MSG_SKIPPED,
     MSG_STOP,
     MSG_TASK,
 )
+
+# How long a batch waits for the user to let go of shared memory under max_shared_memory before
+# it fails with SharedMemoryLimitError; each slot that comes free starts the wait afresh.
+SHARED_MEMORY_PATIENCE_S = 30.0
 
 
 @dataclass
@@ -98,6 +105,8 @@ class WorkerLoop:
             except Exception:
                 pass
         seed = seeding.seed_worker(c.base_seed, self.worker_id)
+        if c.seeder is not None:
+            c.seeder.worker_id = self.worker_id
         if c.shared_seed is not None:  # an IterDataPipe: one shuffle order for all workers
             self.dataset = _torch_compat.with_shared_seed(self.dataset, c.shared_seed)
         _info.set_worker_info(self.worker_id, c.num_workers, seed, self.dataset)
@@ -108,13 +117,13 @@ class WorkerLoop:
         except Exception as e:
             self.init_error = e
 
-    def _on_sample(self, index, position) -> None:
+    def _on_sample(self, index, position, stream_pos) -> None:
         self.endpoint.enter(protocol.STATE_FETCHING, self.task, _indices.as_int(index),
                             -1 if position is None else position)
         self.endpoint.add_sample()
         seeder = self.config.seeder
         if seeder is not None:
-            seeder(index)
+            seeder(index, position, stream_pos)
 
     def _new_fetcher(self, states) -> Fetcher:
         c = self.config
@@ -122,7 +131,7 @@ class WorkerLoop:
         mine = states.get(self.worker_id) if states and c.kind == ITERABLE else None
         stream_state.restore_dataset(self.dataset, mine)
         f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
-                    c.max_retries, self._on_sample)
+                    c.max_retries, self._on_sample, stream_state.position_of(mine))
         if c.kind == ITERABLE:
             stream_state.restore_iterator(f.iterator, mine)
         return f
@@ -141,6 +150,8 @@ class WorkerLoop:
                 break
             if mtype == MSG_RESUME:
                 self._begin_epoch(task, payload)
+            elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
+                ep.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
             elif mtype == MSG_TASK and not self.ended:
                 self.task = task
                 self._run_task(task, protocol.decode_index(fmt, payload))
@@ -212,22 +223,24 @@ class WorkerLoop:
         nothing (the outcome is an error anyway)."""
         if self.config.kind != ITERABLE:
             return True
+        f = self.fetcher
         try:
-            state = stream_state.capture(self.dataset, self.fetcher.iterator)
+            state = stream_state.capture(self.dataset, f.iterator, f.stream_pos)
         except Exception as e:
             if quiet:
                 return False
             err = RuntimeError(
                 f"stoker: the IterableDataset's state_dict() failed in worker {self.worker_id} "
                 f"({type(e).__name__}: {protocol.safe_str(e)}). stoker takes it after every "
-                "batch so that a checkpoint can resume each worker's stream; make state_dict() "
-                "return a picklable dict, or remove state_dict/load_state_dict from the "
-                "dataset (resume then re-reads and drops the batches already received).")
+                "batch so that a checkpoint can resume each worker's stream, and a checkpoint "
+                "holds only plain data; make state_dict() return such a dict (positions, "
+                "seeds, names), or remove state_dict/load_state_dict from the dataset (resume "
+                "then re-reads and drops the batches already received).")
             err.__cause__ = e
             self.endpoint.send(MSG_ERROR, task, 0, self._error(err))
             return False
         if state is not None:
-            self.endpoint.send(MSG_ITER_STATE, task, 0, state)
+            self.endpoint.send(MSG_ITER_STATE, task, 0, protocol.encode_stream_state(state))
         return True
 
     def _report_skipped(self, task: int, dropped: bool) -> None:

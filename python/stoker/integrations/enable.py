@@ -72,11 +72,6 @@ def is_enabled() -> bool:
     return _enabled is not None
 
 
-def current_options() -> Options | None:
-    """enable()'s options, None when not enabled."""
-    return _enabled
-
-
 # -- the patches ---------------------------------------------------------------------------------
 
 def _patch() -> None:

@@ -25,6 +25,7 @@ iterates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -48,7 +49,6 @@ from ..engine.events import (
 from ..engine.fetch import ITERABLE, MAP
 from ..engine.worker import WorkerConfig
 from ..placements.local import LocalProcesses
-from ..resume import checkpoint
 from ..resume.cursor import Cursor
 from . import exit as _exit
 from .failure import WorkerFailure
@@ -105,17 +105,21 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                                   stream_known=self._cursor.can_restart_stream)
         self._stats = IterStats(self._board, self.workers, self._watch,
                                 self._recovery.restarts_by_worker, options.stall_notice)
-        self._shm_share = shared_memory_share(options.shared_memory_cap(), n)
+        self._shm_cap = options.shared_memory_cap()
         self._tuner = None
         tune_workers, tune_depth = wanted(options, self._kind == MAP, n)
         if tune_workers or tune_depth:
             self._tuner = Controller(self._records, self._board, self._stats, self.workers,
                                      num_workers=n, depth=self._prefetch_factor,
-                                     tune_workers=tune_workers, tune_depth=tune_depth,
-                                     shared_memory_share=self._shm_share)
+                                     tune_workers=tune_workers, tune_depth=tune_depth)
             self._tasks.limit = self._tuner.initial_workers
             if self._tuner.initial_depth is not None:
                 self._tasks.prefetch_factor = self._tuner.initial_depth
+        # max_shared_memory is divided among the workers running (num_workers="auto" starts
+        # some of them; each one added takes its part from the others: set_workers).
+        self._shm_share = shared_memory_share(self._shm_cap, self._tasks.limit)
+        if self._tuner is not None:
+            self._tuner.set_memory_share(self._shm_share)
         self._sup = Supervision(
             self.workers, self._tasks, self._watch, self._recovery, self._cursor, self._board,
             kind=self._kind, timeout=self._timeout, hang_timeout=options.hang_timeout,
@@ -167,6 +171,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader, first_iter=False) -> None:
+        self._cursor.prepare_epoch()
         super()._reset(loader, first_iter)
         start = self._cursor.begin_epoch(self._sampler_iter, self._base_seed)
         self._sampler_iter, self._base_seed = start.sampler_iter, start.base_seed
@@ -237,9 +242,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             if isinstance(ev, StreamState):
                 continue
             if isinstance(ev, SamplesSkipped):
-                if live:  # a re-issued task's first attempt already reported its skips
-                    for index, reason in ev.records:
-                        self._recovery.record_skip(index, reason, self._board)
+                if live:  # (a late duplicate's skips were its first attempt's, voided)
+                    tasks.add_skips(ev.task, ev.records)
                     if ev.dropped:
                         return ev.task, NO_BATCH
                 continue
@@ -289,6 +293,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             task, data = self._get_data()
             t.received(task)
             if isinstance(data, StreamEnded):
+                for index, reason in t.take_skips(task):  # skipped before the stream ended
+                    self._recovery.record_skip(index, reason, self._board)
                 if self._persistent_workers:
                     t.active[data.worker] = False
                 else:
@@ -315,6 +321,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _process_data(self, data, worker_id, task):
         self._tasks.done(worker_id)
         self._cursor.delivered(task)
+        for index, reason in self._tasks.take_skips(task):  # recorded as they reach the user
+            self._recovery.record_skip(index, reason, self._board)
         self._try_put_index()
         if data is NO_BATCH:
             return NO_BATCH
@@ -328,16 +336,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
         self._tasks.active[worker_id] = False
         self.workers.stop(worker_id)
-
-    # -- checkpoint ------------------------------------------------------------------------------
-    def get_state(self) -> dict:
-        """The loader's state at this iterator's position (``loader.state_dict()``)."""
-        loader = self._cursor.loader
-        return checkpoint.get_state(loader, self._records, self._options)
-
-    def set_state(self, state) -> None:
-        """The next batch is the loaded state's (the epoch starts over from it)."""
-        checkpoint.set_state(self._cursor.loader, self._records, state)
+        self._watch.forget(worker_id)
 
     # -- Tunable (autotune/controller.py) --------------------------------------------------------
     def depth(self) -> int:
@@ -352,10 +351,25 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def set_workers(self, active: int) -> None:
         t = self._tasks
-        for w in range(t.limit, active):
-            if self.workers.pid(w) is None:
-                self._sup.start(w)
+        new = [w for w in range(t.limit, active) if self.workers.pid(w) is None]
+        if new:  # the running workers give up part of their share first
+            running = sum(1 for w in range(self._num_workers) if self.workers.pid(w) is not None)
+            self._share_memory(running + len(new))
+        for w in new:
+            self._sup.start(w)
         t.limit = active
+
+    def _share_memory(self, workers: int) -> None:
+        share = shared_memory_share(self._shm_cap, workers)
+        if share == self._shm_share:
+            return
+        self._shm_share = share
+        for w in range(self._num_workers):
+            if self.workers.has(w):
+                self.workers.set_memory_share(w, share)
+        self._sup.config = dataclasses.replace(self._sup.config, shared_memory_share=share)
+        if self._tuner is not None:
+            self._tuner.set_memory_share(share)
 
     def set_depth(self, depth: int) -> None:
         self._tasks.prefetch_factor = depth

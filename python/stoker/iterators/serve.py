@@ -6,15 +6,20 @@ Called by the thread that calls ``iter(loader)``.
 
 from __future__ import annotations
 
+from .. import _torch_compat
 from .multi import MultiProcessIter
 from .single import SingleProcessIter
 
 
 def forget_closed_iterator(loader) -> None:
     """Before torch's ``DataLoader.__iter__``: a persistent iterator that a worker's failure
-    shut down cannot resume, so the next ``iter()`` starts afresh."""
+    shut down cannot resume, so the next ``iter()`` starts afresh (stoker's, or one a subclass
+    brings, torchdata's say)."""
     it = loader.__dict__.get("_iterator")
-    if it is not None and getattr(it, "closed", False):
+    if it is None:
+        return
+    closed = it.closed if isinstance(it, MultiProcessIter) else _torch_compat.iterator_shut_down(it)
+    if closed:
         loader._iterator = None
 
 

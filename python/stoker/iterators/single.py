@@ -13,7 +13,6 @@ from ..config import seeding
 from ..config.records import SkippedSample, records_of
 from ..engine import stream_state
 from ..engine.fetch import ITERABLE, MAP, AllSkipped, Fetcher
-from ..resume import checkpoint
 from ..resume.cursor import Cursor
 
 
@@ -28,15 +27,6 @@ class PolicyFetcher:
         self.collate_fn = loader.collate_fn
         self.records = records
         self.seeding = seeder is not None
-
-    @property
-    def iterator(self):
-        """An IterableDataset's live iterator."""
-        return self.fetcher.iterator
-
-    @iterator.setter
-    def iterator(self, it) -> None:
-        self.fetcher.iterator = it
 
     def fetch(self, index):
         if not self.seeding:
@@ -58,6 +48,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         self._records = records_of(loader)
         self._options = options
         self._cursor = Cursor(loader, self._records)
+        self._cursor.prepare_epoch()  # torch's __init__ makes the epoch's sampler iterator
         with self._cursor.drawing_base_seed():
             super().__init__(loader)
         self._base_seed = self._cursor.base_seed(self._base_seed)
@@ -78,22 +69,26 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             stream_state.restore_dataset(self._dataset, mine)
             fresh = iter(self._dataset)
             stream_state.restore_iterator(fresh, mine)
-            self._set_stream(fresh)
+            self._set_stream(fresh, stream_state.position_of(mine))
 
     def _stream(self):
+        """(the IterableDataset's live iterator, the items drawn from it: None when torch's own
+        fetcher does not count them)."""
         f = self._dataset_fetcher
         if isinstance(f, PolicyFetcher):
-            return f.iterator
-        return _torch_compat.fetcher_iterator(f)
+            return f.fetcher.iterator, f.fetcher.stream_pos
+        return _torch_compat.fetcher_iterator(f), None
 
-    def _set_stream(self, it) -> None:
+    def _set_stream(self, it, position: int) -> None:
         f = self._dataset_fetcher
         if isinstance(f, PolicyFetcher):
-            f.iterator = it
+            f.fetcher.iterator = it
+            f.fetcher.stream_pos = position
         else:
             _torch_compat.set_fetcher_iterator(f, it)
 
     def _reset(self, loader, first_iter=False):
+        self._cursor.prepare_epoch()
         super()._reset(loader, first_iter)
         self._begin_epoch()
 
@@ -122,13 +117,6 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             return data
 
     def _delivered(self) -> None:
-        state = None
-        if isinstance(self._dataset, IterableDataset):
-            state = stream_state.capture(self._dataset, self._stream())
-        self._cursor.delivered_here(state)
-
-    def get_state(self) -> dict:
-        return checkpoint.get_state(self._cursor.loader, self._records, self._options)
-
-    def set_state(self, state) -> None:
-        checkpoint.set_state(self._cursor.loader, self._records, state)
+        self._cursor.delivered_here()
+        if isinstance(self._dataset, IterableDataset):  # what a resume continues from
+            self._cursor.stream_state_here(stream_state.capture(self._dataset, *self._stream()))

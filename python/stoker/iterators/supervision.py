@@ -193,6 +193,7 @@ class Supervision:
         if self._beginning:
             self._restarted_meanwhile.add(ex.worker)
         for task in tasks:  # in their original order: results keep their places
+            t.reissued(task)
             index = self.without_quarantined(t.index[task])
             t.index[task] = index
             if index is NO_BATCH:

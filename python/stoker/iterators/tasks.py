@@ -44,6 +44,9 @@ class TaskTable:
         # result: a BatchReady, a WorkerFailure, a StreamEnded, or NO_BATCH)
         self.info: dict[int, list] = {}
         self.index: dict[int, object] = {}  # task -> what the sampler yielded (to re-issue)
+        # task -> [(index, reason)] its worker skipped: recorded when the task's outcome reaches
+        # the user, so a task loaded again (a re-issue, a resume) records its skips once
+        self.skips: dict[int, list] = {}
         self.synthetic: deque = deque()  # (task, result) made without a worker
         self.outstanding = 0
         self.active = [True] * n  # torch's _workers_status
@@ -140,6 +143,18 @@ class TaskTable:
             if len(info) == 2:
                 yield info[1]
         self.synthetic.clear()
+        self.skips.clear()
+
+    def add_skips(self, task: int, records) -> None:
+        self.skips.setdefault(task, []).extend(records)
+
+    def reissued(self, task: int) -> None:
+        """`task` goes to a worker again: what its lost attempt reported is void."""
+        self.skips.pop(task, None)
+
+    def take_skips(self, task: int) -> list:
+        """The skips of `task`, whose outcome reaches the user now."""
+        return self.skips.pop(task, [])
 
     def worker_of_next(self):
         """Skips the tasks that will never be answered (their worker's stream ended) and returns

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from .._errors import WorkerHung
-from ..engine import process
+from ..engine import worker as _loop
 from ..placements.base import Hung
 
 log = logging.getLogger("stoker")
@@ -91,7 +91,10 @@ class HangWatch:
         self._last_check = now
         ws = self._workers
         for w in range(ws.num_workers):
-            if w in self._killed or not ws.has(w):
+            if w in self._killed:
+                continue
+            if not ws.has(w):  # stopped (its stream ended, a shutdown): nothing to watch
+                self._stuck.pop(w, None)
                 continue
             st = ws.status(w)
             stopped = ws.is_stopped(w)
@@ -102,7 +105,7 @@ class HangWatch:
                     # Writing a batch takes milliseconds; a long stay here is the worker waiting
                     # for the user to free shared memory (max_shared_memory), which ends in
                     # SharedMemoryLimitError after its own patience, not a hang.
-                    limit = max(limit, 2 * process.SHARED_MEMORY_PATIENCE_S)
+                    limit = max(limit, 2 * _loop.SHARED_MEMORY_PATIENCE_S)
                 if limit is not None and st["state_seconds"] > limit:
                     self._kill(w, Hung(st["index"], st["state_seconds"], ws.capture_stack(w)))
                 continue

@@ -51,7 +51,7 @@ class Workers(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, worker_id: int) -> None:
-        """Ends the worker on purpose (a retired or ended worker): no event reports its end."""
+        """Ends the worker on purpose (its stream ended): no event reports its end."""
 
     @abc.abstractmethod
     def kill(self, worker_id: int, hung: Hung) -> None:
@@ -67,6 +67,11 @@ class Workers(abc.ABC):
     def send_task(self, worker_id: int, task: int, index) -> bool:
         """Sends task number `task` (the sampler's `index`: a list of indices or one index).
         False when the worker is gone; its end is reported by ``wait``."""
+
+    @abc.abstractmethod
+    def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:
+        """The most the worker's batches may take from now on (None: no cap); a worker over
+        a lowered share lets go of free buffers at once. False when it is gone."""
 
     @abc.abstractmethod
     def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:

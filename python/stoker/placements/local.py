@@ -167,6 +167,9 @@ class LocalProcesses(Workers):
         fmt, payload = protocol.encode_index(index)
         return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
 
+    def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:
+        return self._send(worker_id, protocol.MSG_LIMIT, 0, nbytes or 0)
+
     def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:
         return self._send(worker_id, protocol.MSG_RESUME, epoch, 0, payload)
 
@@ -326,7 +329,7 @@ def _event(ev):
     if mtype == protocol.MSG_BATCH:
         return BatchReady(worker, task, pending)
     if mtype == protocol.MSG_ITER_STATE:
-        return StreamState(worker, task, bytes(payload))
+        return StreamState(worker, task, protocol.decode_stream_state(payload))
     if mtype == protocol.MSG_SKIPPED:
         return SamplesSkipped(worker, task, protocol.decode_skipped(payload), a == 1)
     if mtype == protocol.MSG_ERROR:

@@ -18,11 +18,12 @@ Thread contract: called by the thread that iterates the loader (as torch's itera
 
 from __future__ import annotations
 
+from .._indices import plain_index
 from ..config.records import SkippedSample
-from . import elastic
+from . import elastic, validate
 from . import order as _order
 from .position import point_of
-from .state import State, check_distributed, check_fingerprint, fingerprint
+from .state import State, check_digest, check_distributed, check_fingerprint, fingerprint
 
 
 def get_state(loader, records, options) -> dict:
@@ -32,9 +33,10 @@ def get_state(loader, records, options) -> dict:
         loader=fingerprint(loader),
         epoch=records.epoch,
         generators_now=_order.capture_generators(loader),
+        sampler_states_now=_order.capture_sampler_states(loader),
         seed=options.seed,
-        skipped=tuple((s.index, s.reason, s.epoch) for s in records.skipped),
-        quarantined=tuple(sorted(records.quarantined, key=repr)),
+        skipped=tuple((plain_index(s.index), s.reason, s.epoch) for s in records.skipped),
+        quarantined=tuple(sorted({plain_index(q) for q in records.quarantined}, key=repr)),
         distributed=elastic.describe(loader),
     )
     if point.pending is not None:  # loaded, not iterated yet: the same state again
@@ -49,20 +51,31 @@ def get_state(loader, records, options) -> dict:
         base_seed=rec.base_seed, torch_rng=rec.torch_rng, generators=rec.generators,
         sampler_epoch=rec.sampler_epoch, order=rec.order,
         worker_states=tuple(sorted(rec.streams.received.items())),
-        last_worker=rec.streams.last_worker,
+        last_worker=rec.streams.last_worker, sampler_states=dict(rec.sampler_states),
     ).to_dict()
 
 
 def set_state(loader, records, sd) -> None:
     """Loads `sd` (a state, or the list of all ranks' states of a saved job: elastic.py) into
     the loader: checked against it first (``StateMismatchError`` naming what differs)."""
+    # Checks, most telling first: each field's type and range (naming the field), the loader's
+    # fingerprint and the field ranges that depend on it, then the digest (a value in range but
+    # not the one saved).
     resized = isinstance(sd, (list, tuple))
     if resized:
-        state = elastic.merge(loader, [State.from_dict(one) for one in sd])
+        states = [State.from_dict(one) for one in sd]
+        for one, raw in zip(states, sd):
+            validate.check_fields(one)
+            check_digest(raw)
+        state = elastic.merge(loader, states)
     else:
         state = State.from_dict(sd)
+        validate.check_fields(state)
         check_distributed(state.distributed, elastic.describe(loader))
     check_fingerprint(state.loader, fingerprint(loader), resized)
+    validate.check_against(state, loader)
+    if not resized:
+        check_digest(sd)
     point = point_of(records)
     records.set_skipped(SkippedSample(i, r, e) for i, r, e in state.skipped)
     records.quarantined = set(state.quarantined)
@@ -72,6 +85,7 @@ def set_state(loader, records, sd) -> None:
         point.pending = None
         records.epoch = state.epoch
         _order.set_generators(loader, state.generators_now)
+        _order.set_sampler_states(loader, state.sampler_states_now)
         return
     records.epoch = state.epoch - 1  # the epoch that begins next is the saved one
     point.pending = state

@@ -5,13 +5,16 @@ Every iterator (multi-process or not) has one ``Cursor`` and tells it what happe
 - as it is made: ``drawing_base_seed()`` around the base iterator's seed draw and
   ``base_seed(drawn)`` after it (a pending resume keeps the saved epoch's seed and leaves the
   caller's global RNG as the saved run left it);
+- before an epoch's sampler iterator is made (``iter(sampler)``): ``prepare_epoch()`` takes the
+  stateful samplers' states, or puts a resumed epoch's back;
 - as an epoch begins: ``begin_epoch(...)`` advances the loader's epoch counter (the one place
   that does), applies a pending resume, wraps the sampler and returns an ``EpochStart`` (the
   sampler iterator to use, the base seed, the states workers restore, whose turn it is, how many
   batches to drop);
 - as tasks go and come (multi-process): ``sent(task)``, ``observe(event)`` for what workers send
   (a stream's state, an outcome), ``delivered(task)`` when the outcome reached the user;
-  ``delivered_here(stream_state)`` for one process; ``finished()`` at the end of the epoch;
+  ``delivered_here()`` and ``stream_state_here(state)`` for one process; ``finished()`` at the
+  end of the epoch;
 - on a worker's death: ``restart_state(worker)``: can a new worker continue its stream, and from
   which state;
 - ``pending()``: ``load_state_dict`` ran after this iterator began (it must start over).
@@ -55,6 +58,7 @@ class Cursor:
         self._point = point_of(records)
         self.record: EpochPosition | None = None
         self._stream: SamplerStream | None = None
+        self._sampler_states: dict | None = None  # taken by prepare_epoch
 
     # -- making the iterator ---------------------------------------------------------------------
     @contextlib.contextmanager
@@ -81,6 +85,18 @@ class Cursor:
         return dict(pending.worker_states or ()) if pending is not None else {}
 
     # -- epochs ----------------------------------------------------------------------------------
+    def prepare_epoch(self) -> None:
+        """Before the epoch's ``iter(sampler)``: a sampler with its own state (``Stateful``) has
+        it taken (the epoch's order starts from it), or, when a resume is pending, put back as
+        the saved epoch began, so its order is the saved epoch's."""
+        loader = self._loader()
+        pending = self._point.pending
+        if pending is not None:
+            _order.set_sampler_states(loader, pending.sampler_states)
+            self._sampler_states = dict(pending.sampler_states)
+        else:
+            self._sampler_states = _order.capture_sampler_states(loader)
+
     def begin_epoch(self, sampler_iter, base_seed: int) -> EpochStart:
         """An epoch begins with the base iterator's new `sampler_iter` and `base_seed`."""
         loader = self._loader()
@@ -89,6 +105,8 @@ class Cursor:
         point = self._point
         pending, point.pending = point.pending, None
         rec = EpochPosition(rec_.epoch, base_seed)
+        rec.sampler_states = self._sampler_states or {}
+        self._sampler_states = None
         start = EpochStart(None, base_seed)
         if pending is not None:
             self._apply(pending, rec, start, loader)
@@ -135,7 +153,7 @@ class Cursor:
         elif isinstance(loader.dataset, IterableDataset):
             # Workers' streams cannot be positioned: the batches already received are loaded
             # again and dropped (their positions are marked as they go by).
-            rec.discard = start.discard = pending.position
+            start.discard = pending.position
         else:
             d.prefix = rec.skip_prefix = pending.position
             d.extra = set(pending.delivered_after)
@@ -172,26 +190,19 @@ class Cursor:
             rec.streams.received[sent[0]] = sent[1]
             rec.streams.last_worker = sent[0]
 
-    def delivered_here(self, stream_state: bytes | None = None) -> None:
-        """One process: the item drawn last reached the user; `stream_state`: the stateful
-        stream's state after it."""
+    def delivered_here(self) -> None:
+        """One process: the item drawn last reached the user."""
         rec = self.record
         rec.delivered.mark(self._stream.pos)
         rec.delivered.yielded += 1
-        if stream_state is not None:
-            rec.streams.received[0] = stream_state
+
+    def stream_state_here(self, state: dict | None) -> None:
+        """One process: the stateful stream's state after the batch just delivered."""
+        if state is not None:
+            self.record.streams.received[0] = state
 
     def finished(self) -> None:
         self.record.delivered.finished = True
-
-    def discard_one(self) -> bool:
-        """An IterableDataset resumed without states: True while a batch already received
-        must be loaded again and dropped."""
-        rec = self.record
-        if rec is None or rec.discard <= 0:
-            return False
-        rec.discard -= 1
-        return True
 
     def restart_state(self, worker_id: int):
         """An IterableDataset: (whether a new worker in place of `worker_id` can continue its

@@ -1,5 +1,7 @@
 """What regenerates an epoch's sampler order: the loader's ``torch.Generator``s, torch's global RNG
-at the sampler's first draw, and the sampler's epoch (``set_epoch``).
+at the sampler's first draw, the sampler's epoch (``set_epoch``), and the own state of a sampler
+or batch sampler that has one (torchdata's ``Stateful`` protocol: a sampler drawing from its own
+NumPy generator, say).
 
 Pure functions of a loader; called by the thread that iterates it.
 """
@@ -7,6 +9,9 @@ Pure functions of a loader; called by the thread that iterates it.
 from __future__ import annotations
 
 import torch
+
+from .._plain import to_plain
+from ..engine.stream_state import stateful
 
 
 def rng_bytes(state: torch.Tensor) -> bytes:
@@ -53,3 +58,32 @@ def epoch_sampler(loader):
 def sampler_epoch(loader):
     s = epoch_sampler(loader)
     return getattr(s, "epoch", None) if s is not None else None
+
+
+def _samplers(loader) -> list:
+    """(path, sampler) for each distinct sampler object of the loader."""
+    out, seen = [], set()
+    bs = loader.batch_sampler
+    for path, s in (("sampler", loader.sampler), ("batch_sampler", bs),
+                    ("batch_sampler.sampler", getattr(bs, "sampler", None))):
+        if s is not None and id(s) not in seen:
+            seen.add(id(s))
+            out.append((path, s))
+    return out
+
+
+def stateful_samplers(loader) -> list:
+    """(path, sampler) for the samplers that keep their own state (``Stateful``)."""
+    return [(p, s) for p, s in _samplers(loader) if stateful(s)]
+
+
+def capture_sampler_states(loader) -> dict:
+    """{path: state} of the loader's stateful samplers, as plain data."""
+    return {p: to_plain(s.state_dict(), f"the {p}'s state_dict()")
+            for p, s in stateful_samplers(loader)}
+
+
+def set_sampler_states(loader, states: dict) -> None:
+    for p, s in stateful_samplers(loader):
+        if p in states:
+            s.load_state_dict(states[p])

@@ -13,8 +13,9 @@ and, for a stateful stream, each worker's state.
 - ``ResumePoint``: the loader's (in its records): the epoch under way and a loaded state that
   the next epoch to begin resumes.
 
-Only ``cursor.Cursor`` writes an ``EpochPosition``; ``checkpoint.py`` reads it. Thread contract:
-the iterating thread.
+Only ``cursor.Cursor`` writes an ``EpochPosition`` (through the ``SamplerStream`` it wraps the
+sampler in, for torch's RNG at the first draw); ``checkpoint.py`` reads it. Thread contract: the
+iterating thread.
 """
 
 from __future__ import annotations
@@ -63,16 +64,15 @@ class EpochPosition:
     torch_rng: bytes | None = None  # torch's global RNG at the sampler's first draw
     generators: tuple = ()  # the loader's generators as the epoch began
     sampler_epoch: int | None = None
+    sampler_states: dict = field(default_factory=dict)  # stateful samplers, as the epoch began
     order: bytes | None = None  # an elastic resume's explicit global order
     delivered: Delivered = field(default_factory=Delivered)
     streams: Streams = field(default_factory=Streams)
     # Replaying a resumed epoch: the first draw happens under torch_rng; positions already
-    # delivered are drawn and dropped; an IterableDataset whose workers cannot be positioned
-    # loads `discard` batches again and drops them.
+    # delivered are drawn and dropped.
     replay: bool = False
     skip_prefix: int = 0
     skip_extra: frozenset = frozenset()
-    discard: int = 0
     task_pos: dict = field(default_factory=dict)  # multi-process: task -> sampler position
 
 

@@ -14,10 +14,19 @@
 - ``generators_now``: the generators when the state was taken (the next epoch after a finished
   one starts from them);
 - ``seed``, ``skipped``, ``quarantined``, ``distributed`` (a DistributedSampler's rank and world);
-- a stateful IterableDataset: ``worker_states`` ((worker, state) pairs) and ``last_worker``.
+- a stateful IterableDataset: ``worker_states`` ((worker, state) pairs) and ``last_worker``;
+- stateful samplers: ``sampler_states`` ({path: state} as the epoch began) and
+  ``sampler_states_now`` (when the state was taken).
 
-Every value is plain data (ints, strings, bytes, tuples, dicts): ``torch.save`` with
-``torch.load(weights_only=True)`` and ``torch.distributed.checkpoint`` take it.
+Every value is plain data (``_plain``: ints, strings, bytes that are never unpickled, tuples,
+dicts, tensors): ``torch.save`` with ``torch.load(weights_only=True)`` and
+``torch.distributed.checkpoint`` take it, and loading one runs no code. ``from_dict`` refuses
+what is not a state (a missing or unknown key, another version); ``validate.py`` checks every
+field against the loader it is loaded into.
+
+Version 2 keeps streams' and samplers' states as plain data. A version-1 state (stoker 0.1)
+pickled each stream's state: it is read with an unpickler that builds nothing but plain values
+(``_plain.loads_plain``), so a crafted one is refused before any of it runs.
 
 Pure values and functions; any thread.
 """
@@ -25,14 +34,17 @@ Pure values and functions; any thread.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import pickle
+from dataclasses import dataclass, field
 
 from torch.utils.data import IterableDataset
 
 from .._errors import StateMismatchError
+from .._plain import digest, loads_plain
 from . import order
 
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # the versions this release loads
 
 
 @dataclass(frozen=True)
@@ -55,37 +67,75 @@ class State:
     order: bytes | None = None
     worker_states: tuple = ()  # (worker id, state)
     last_worker: int | None = None
+    sampler_states: dict = field(default_factory=dict)  # path -> state, as the epoch began
+    sampler_states_now: dict = field(default_factory=dict)
 
     # The fields that say where an epoch is (what a loaded state resumes, and a resumed one
     # reports until it is iterated); the rest describe the loader and its records.
     POSITION = ("epoch", "finished", "position", "delivered_after", "batches_yielded",
                 "base_seed", "torch_rng", "generators", "sampler_epoch", "order",
-                "worker_states", "last_worker")
+                "worker_states", "last_worker", "sampler_states")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     def to_dict(self) -> dict:
-        return {"version": VERSION, **{k: getattr(self, k) for k in self.keys()}}
+        out = {"version": VERSION, **{k: getattr(self, k) for k in self.keys()}}
+        out["digest"] = digest({k: out[k] for k in self.keys()})
+        return out
 
     @classmethod
     def from_dict(cls, sd) -> State:
         """The state in `sd` (what ``state_dict()`` returned); ``StateMismatchError`` for what
-        is not one."""
+        is not one. Nothing in it is run or unpickled but a version-1 stream state, read as
+        plain values only."""
         check_version(sd)
-        missing = [k for k in cls.keys() if k not in sd]
+        if sd["version"] == 1:
+            sd = _from_version_1(sd)
+        keys = cls.keys()
+        missing = [k for k in keys if k not in sd]
         if missing:
             raise StateMismatchError(
                 f"stoker: this state lacks {', '.join(missing)}: it was not made by "
                 "stoker.DataLoader.state_dict() of this release, or it was edited or truncated.")
-        return cls(**{k: sd[k] for k in cls.keys()})
+        unknown = sorted(str(k) for k in sd if k not in keys and k not in ("version", "digest"))
+        if unknown:
+            raise StateMismatchError(
+                f"stoker: this state has fields this stoker does not know ({', '.join(unknown)}):"
+                " it was made by another tool or release, or edited.")
+        return cls(**{k: sd[k] for k in keys})
 
     def replace(self, **changes) -> State:
         return dataclasses.replace(self, **changes)
 
     def position_part(self) -> dict:
         return {k: getattr(self, k) for k in self.POSITION}
+
+
+def check_digest(sd: dict) -> None:
+    """A version-2 state carries a digest of its fields (``state_dict()`` made it): a state
+    whose fields were changed afterwards (a hand edit, a truncated or corrupted file, a value
+    that is in range but not the one saved) is refused. Version 1 had none."""
+    if sd["version"] < 2:
+        return
+    saved = sd.get("digest")
+    if not isinstance(saved, str):
+        raise StateMismatchError(
+            f"stoker: this state's digest is {saved!r}; expected the digest state_dict() wrote "
+            "(a hex string). The checkpoint was edited, truncated or made by another tool: "
+            "nothing was loaded.")
+    try:
+        now = digest({k: sd[k] for k in State.keys()})
+    except TypeError as e:
+        raise StateMismatchError(f"stoker: this state holds something that is not plain data "
+                                 f"({e}): nothing was loaded.") from None
+    if now != saved:
+        raise StateMismatchError(
+            "stoker: this state is not the one state_dict() made: its fields do not match its "
+            "digest (a value was edited, or the file is truncated or corrupted), so resuming "
+            "from it could repeat or lose samples. Nothing was loaded (the loader is as it "
+            "was). Use the state as loader.state_dict() returned it, or start afresh.")
 
 
 def check_version(sd) -> None:
@@ -95,11 +145,44 @@ def check_version(sd) -> None:
             f"a list of them, one per rank of a saved job), got "
             f"{type(sd).__name__}{' without a version' if isinstance(sd, dict) else ''}."
         )
-    if sd["version"] != VERSION:
+    v = sd["version"]
+    if isinstance(v, bool) or v not in READS:
         raise StateMismatchError(
-            f"stoker: this state has version {sd['version']!r}; this stoker reads version "
-            f"{VERSION}. Resume with the stoker release that saved it."
+            f"stoker: this state has version {v!r}; this stoker reads versions "
+            f"{', '.join(map(str, READS))}. Resume with the stoker release that saved it."
         )
+
+
+def _from_version_1(sd: dict) -> dict:
+    """A stoker 0.1 state in today's form: each stream state was a pickle (of plain data when
+    stoker made it); it is read as plain values only, and a pickle that holds anything else
+    is refused before any of it is built."""
+    out = {k: v for k, v in sd.items() if k != "version"}
+    states = []
+    for pair in sd.get("worker_states") or ():
+        try:
+            w, raw = pair
+        except (TypeError, ValueError):
+            raise StateMismatchError(
+                f"stoker: worker_states holds {pair!r}; expected (worker id, state) pairs") \
+                from None
+        if isinstance(raw, (bytes, bytearray)):
+            try:
+                raw = loads_plain(bytes(raw))
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError,
+                    AttributeError, IndexError) as e:
+                raise StateMismatchError(
+                    f"stoker: worker {w}'s stream state in this version-1 state cannot be "
+                    f"loaded safely: {e}. A checkpoint is data: it may not name classes or "
+                    "functions. Resume with stoker 0.1, or start the epoch afresh.") from None
+        states.append((w, raw))
+    out["worker_states"] = tuple(states)
+    # (the first 0.1 builds saved neither an explicit order nor stream states)
+    out.setdefault("order", None)
+    out.setdefault("last_worker", None)
+    out.setdefault("sampler_states", {})
+    out.setdefault("sampler_states_now", {})
+    return out
 
 
 # -- what must match ------------------------------------------------------------------------------
@@ -153,8 +236,17 @@ def check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
 
 
 def check_distributed(saved: dict | None, here: dict | None) -> None:
-    """One rank's state on a job of the same size (a list of states resizes: elastic.py)."""
-    if saved is None or here is None:
+    """One rank's state on the same rank of a job of the same size (a list of states resizes:
+    elastic.py)."""
+    if (saved is None) != (here is None):
+        raise StateMismatchError(
+            "stoker: this state was saved by a loader " + (
+                "without a DistributedSampler, and this one has one" if saved is None else
+                f"whose DistributedSampler was rank {saved['rank']} of "
+                f"{saved['num_replicas']}, and this one has none") +
+            ": the rest of the epoch would be another set of samples. Build the sampler as the "
+            "saved job did.")
+    if saved is None:
         return
     if saved["num_replicas"] != here["num_replicas"]:
         raise StateMismatchError(
@@ -164,6 +256,13 @@ def check_distributed(saved: dict | None, here: dict | None) -> None:
             "the saved job, as a list, to load_state_dict (every rank loads the same list), "
             "and stoker splits the rest of the epoch among the new ranks."
         )
+    diffs = [f"{k}: saved {saved[k]!r}, here {here[k]!r}"
+             for k in ("rank", "seed", "shuffle", "drop_last") if saved[k] != here[k]]
+    if diffs:
+        raise StateMismatchError(
+            "stoker: this rank's state comes from another rank or another DistributedSampler ("
+            + "; ".join(diffs) + "): resuming from it would deliver another rank's samples. Load "
+            "each rank's own state, or pass the list of all ranks' states.")
 
 
 def _qualname(obj) -> str:
