@@ -127,3 +127,24 @@ def test_the_dataloaders_keywords_are_the_declaration():
     assert ours == Options().as_dict()
     loader = stoker.DataLoader(list(range(4)), on_error="skip", hang_timeout=5.0)
     assert Options.of(loader) == Options(on_error="skip", hang_timeout=5.0)
+
+
+def test_placement_takes_every_form_and_travels_as_json():
+    import json
+
+    import stoker
+
+    assert Options().placement is None and Options(placement="local").placement is None
+    ray = Options(placement="ray", ray_address="10.0.0.1:6379").placement
+    assert ray == stoker.Ray(address="10.0.0.1:6379")
+    given = stoker.Ray(cpus_per_worker=2, local_workers=1)
+    assert Options(placement=given).placement is given
+    back = Options(**json.loads(json.dumps(Options(placement=given).to_json())))
+    assert back.placement == given
+    assert Options.parse("placement", "ray") == "ray"
+    with pytest.raises(ValueError, match="placement must be None"):
+        Options(placement="kubernetes")
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        stoker.Ray(cpus_per_worker=0)
+    options, *_ = run.parse(["--placement", "ray", "--ray-address", "h:1", "train.py"])
+    assert Options.from_mapping(options).placement == stoker.Ray(address="h:1")

@@ -23,9 +23,9 @@ size_t RoundUpToPage(size_t n) {
 
 Segment::~Segment() {
   if (data_ == nullptr) return;
-  if (mapped_) {
+  if (memory_ == Memory::kMapped) {
     munmap(data_, size_);
-  } else {
+  } else if (memory_ == Memory::kHeap) {
     std::free(data_);
   }
 }
@@ -56,7 +56,7 @@ Status Segment::Create(const char* name, size_t size, std::unique_ptr<Segment>* 
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return fail("mmap of a new segment", errno);
-  out->reset(new Segment(static_cast<uint8_t*>(p), size, true));
+  out->reset(new Segment(static_cast<uint8_t*>(p), size, Memory::kMapped));
   *fd_out = fd;
   return Status::OK();
 }
@@ -74,7 +74,7 @@ Status Segment::Map(int fd, std::unique_ptr<Segment>* out) {
   const size_t size = static_cast<size_t>(st.st_size);
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return Status::FromErrno("mmap of a received segment", errno);
-  out->reset(new Segment(static_cast<uint8_t*>(p), size, true));
+  out->reset(new Segment(static_cast<uint8_t*>(p), size, Memory::kMapped));
   return Status::OK();
 }
 
@@ -82,7 +82,11 @@ std::unique_ptr<Segment> Segment::Private(size_t size) {
   if (size == 0) size = 64;
   void* p = std::aligned_alloc(64, (size + 63) / 64 * 64);
   if (p == nullptr) return nullptr;
-  return std::unique_ptr<Segment>(new Segment(static_cast<uint8_t*>(p), size, false));
+  return std::unique_ptr<Segment>(new Segment(static_cast<uint8_t*>(p), size, Memory::kHeap));
+}
+
+std::unique_ptr<Segment> Segment::Borrowed(uint8_t* data, size_t size) {
+  return std::unique_ptr<Segment>(new Segment(data, size, Memory::kBorrowed));
 }
 
 }  // namespace stoker

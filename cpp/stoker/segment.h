@@ -38,14 +38,20 @@ class Segment {
   // Wraps ordinary heap memory (for loading in-process, where nothing is shared).
   static std::unique_ptr<Segment> Private(size_t size);
 
+  // Wraps memory someone else owns and frees (a buffer in another system's shared memory, such
+  // as an object store's): the Segment never unmaps or frees it. REQUIRES: the memory outlives
+  // the Segment (its user keeps the owner alive as long as the Segment).
+  static std::unique_ptr<Segment> Borrowed(uint8_t* data, size_t size);
+
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
  private:
-  Segment(uint8_t* data, size_t size, bool mapped) : data_(data), size_(size), mapped_(mapped) {}
+  enum class Memory { kMapped, kHeap, kBorrowed };
+  Segment(uint8_t* data, size_t size, Memory memory) : data_(data), size_(size), memory_(memory) {}
   uint8_t* data_;
   size_t size_;
-  bool mapped_;
+  Memory memory_;
 };
 
 size_t PageSize();

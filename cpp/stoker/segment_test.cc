@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 namespace stoker {
 namespace {
@@ -143,6 +144,20 @@ TEST(SegmentTest, PrivateSegments) {
   EXPECT_EQ(z->size(), 64u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(z->data()) % 64, 0u);
   z->data()[63] = 1;
+}
+
+// Borrowed() wraps memory it neither unmaps nor frees: the owner's buffer is intact after it.
+TEST(SegmentTest, BorrowedSegmentsLeaveTheirMemoryAlone) {
+  std::vector<uint8_t> owner(256, 3);
+  {
+    auto b = Segment::Borrowed(owner.data(), owner.size());
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->data(), owner.data());
+    EXPECT_EQ(b->size(), 256u);
+    b->data()[0] = 9;
+  }
+  EXPECT_EQ(owner[0], 9);  // written through the segment, and still ours
+  EXPECT_EQ(owner[255], 3);
 }
 
 }  // namespace

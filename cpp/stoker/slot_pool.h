@@ -9,8 +9,8 @@
 // small are retired to make room, and when every slot is in use the worker waits (a futex wait
 // on a slot's state word, in short slices) for the user to let go of one. A cap lowered while
 // slots exist (the main process divides max_shared_memory among more workers) retires free
-// slots at once until the pool fits; slots still in use count until they come back. If no slot comes free
-// for `patience_ms`, or one batch alone needs more than the cap, Acquire fails with
+// slots at once until the pool fits; slots still in use count until they come back. If no slot
+// comes free for `patience_ms`, or one batch alone needs more than the cap, Acquire fails with
 // kLimitReached and a message that says what is held. Without a cap the worker never waits.
 //
 // Every new slot's memfd is sent to the main process (kSlotNew) before the first batch that uses

@@ -149,7 +149,8 @@ TEST_F(SlotPoolTest, LoweringTheCapRetiresFreeSlotsAtOnceAndKeepsThoseInUse) {
   EXPECT_EQ(pool.slot_count(), 1u);  // only the held slot is left: it goes once it is back
   EXPECT_EQ(pool.mapped_bytes(), slot);
   EXPECT_EQ(Count(MessageType::kSlotRetire), 1);  // (Count reads what came since the last)
-  ASSERT_TRUE(pool.SetLimit(0, 200).ok());  // no cap: nothing retired
+  // no cap: nothing retired
+  ASSERT_TRUE(pool.SetLimit(0, 200).ok());
   EXPECT_EQ(pool.slot_count(), 1u);
   (void)c;
 }

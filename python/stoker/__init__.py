@@ -31,6 +31,7 @@ from ._errors import (
 )
 from ._info import get_worker_info
 from ._shared_list import SharedList
+from .config.placement import Ray
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "CorruptBatchError",
     "DataLoader",
     "EngineError",
+    "Ray",
     "SharedList",
     "SharedMemoryLimitError",
     "StateMismatchError",

@@ -61,6 +61,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         seed=None,
         autotune=False,
         autotune_prefetch=False,
+        placement=None,
+        ray_address=None,
     ):
         # num_workers="auto": torch checks for an int, so the bound (the usable CPUs) goes to
         # torch and the iterator tunes how many of those workers take tasks (autotune/).
@@ -76,7 +78,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             max_retries=max_retries, quarantine_after=quarantine_after,
             hang_timeout=hang_timeout, stall_notice=stall_notice,
             max_shared_memory=max_shared_memory, seed=seed, autotune=autotune,
-            autotune_prefetch=autotune_prefetch)
+            autotune_prefetch=autotune_prefetch, placement=placement, ray_address=ray_address)
         # Keywords only: a framework that wraps DataLoader.__init__ (Lightning records the
         # arguments to re-create loaders) sees each argument under its name.
         super().__init__(
@@ -109,7 +111,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def __setstate__(self, d):
         self.__dict__.update(d)
-        records_of(self)  # a loader pickled by stoker 0.1: its records in today's form
+        # A loader pickled by an older release: the options it did not have take their
+        # defaults, and its records take today's form.
+        for name, value in Options().as_dict().items():
+            self.__dict__.setdefault(name, value)
+        records_of(self)
 
     @property
     def skipped(self) -> list[SkippedSample]:

@@ -57,7 +57,11 @@ class SharedList(Sequence):
     def _attach(self, fd: int) -> None:
         self._fd = fd
         size = os.fstat(fd).st_size
-        self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        self._view(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+
+    def _view(self, buffer) -> None:
+        """Reads the items from `buffer` (a mapping, or another system's shared buffer)."""
+        self._map = buffer
         n, data_offset = np.frombuffer(self._map, dtype=np.int64, count=2)
         self._n = int(n)
         self._offsets = np.frombuffer(self._map, dtype=np.int64, count=self._n + 1,
@@ -77,16 +81,24 @@ class SharedList(Sequence):
         start, end = int(self._offsets[i]), int(self._offsets[i + 1])
         return pickle.loads(self._data[start:end])
 
-    def __reduce__(self):
-        # spawn / forkserver: the worker maps the same memfd instead of receiving a copy.
-        return (_rebuild, (reduction.DupFd(self._fd),))
+    def __reduce_ex__(self, protocol):
+        from multiprocessing import context
+
+        if self._fd is not None and context.get_spawning_popen() is not None:
+            # spawn / forkserver: the worker maps the same memfd instead of receiving a copy.
+            return (_rebuild, (reduction.DupFd(self._fd),))
+        # Elsewhere (Ray's object store, a file): the buffer itself, out of band where the
+        # pickler takes it (protocol 5), so Ray keeps one copy per node that its actors map.
+        if protocol >= 5:
+            return (_from_buffer, (pickle.PickleBuffer(self._map),))
+        return (_from_buffer, (bytes(self._map),))
 
     def __repr__(self) -> str:
         return f"SharedList({self._n} items, {len(self._data)} bytes)"
 
     @property
     def nbytes(self) -> int:
-        return len(self._map)
+        return self._map.nbytes if isinstance(self._map, memoryview) else len(self._map)
 
 
 def _release_free_memory() -> None:
@@ -103,4 +115,11 @@ def _release_free_memory() -> None:
 def _rebuild(dup) -> SharedList:
     obj = SharedList.__new__(SharedList)
     obj._attach(dup.detach())
+    return obj
+
+
+def _from_buffer(buffer) -> SharedList:
+    obj = SharedList.__new__(SharedList)
+    obj._fd = None
+    obj._view(memoryview(buffer).cast("B"))
     return obj

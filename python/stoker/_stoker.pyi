@@ -81,6 +81,12 @@ def encode(obj: object | None, mode: int, indices: object | None = None) -> byte
 
 def decode(data: bytes) -> object: ...
 
+def encode_array(obj: object | None, mode: int, indices: object | None = None) -> object:
+    """Encodes a batch into a new NumPy uint8 array (one copy)."""
+
+def decode_buffer(buffer: object) -> object:
+    """Decodes a batch in place, as views of `buffer` (kept alive by them)."""
+
 class WorkerEndpoint:
     """A worker's end of its channel and its pool of slots."""
 

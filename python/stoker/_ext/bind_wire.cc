@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common.h"
@@ -22,6 +23,38 @@ nb::bytes EncodeBytes(nb::handle obj, int mode, nb::handle indices) {
   std::string out(n, '\0');
   Check(enc.wire().Write(reinterpret_cast<uint8_t*>(out.data()), n));
   return nb::bytes(out.data(), out.size());
+}
+
+// Encodes obj into a new NumPy uint8 array (one copy of each byte): what a placement that hands
+// batches to another system's buffers (an object store) sends.
+nb::object EncodeArray(nb::handle obj, int mode, nb::handle indices) {
+  PyBatchEncoder enc;
+  if (!enc.Describe(obj, static_cast<EncodeMode>(mode), indices)) {
+    RaiseStoker("FallbackRequired", "the collate fast path declined these samples");
+  }
+  const uint64_t n = enc.wire().Layout();
+  auto* buf = static_cast<uint8_t*>(std::malloc(n > 0 ? n : 1));
+  if (buf == nullptr) {
+    Raise(Status::Error(Code::kOutOfMemory,
+                        "cannot allocate " + std::to_string(n) + " bytes to encode a batch into"));
+  }
+  nb::capsule owner(buf, [](void* p) noexcept { std::free(p); });
+  Check(enc.wire().Write(buf, n));
+  size_t shape[1] = {static_cast<size_t>(n)};
+  return nb::ndarray<nb::numpy, uint8_t>(buf, 1, shape, owner).cast();
+}
+
+// Decodes a batch where it lies (a read-only buffer of another system, an object store's):
+// every offset is validated against the buffer, tensors are views of it, and the buffer's
+// owner lives as long as the last view. No copy.
+nb::object DecodeBuffer(nb::handle buffer) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  uint8_t* data = static_cast<uint8_t*>(view.buf);
+  const size_t size = static_cast<size_t>(view.len);
+  PyBuffer_Release(&view);  // the owner, kept by the lease, keeps the memory
+  std::shared_ptr<Segment> seg(Segment::Borrowed(data, size).release());
+  return DecodeInto(seg, 0, size, false, 0, nb::borrow(buffer));
 }
 
 // Decodes raw batch bytes (copied into private memory first), validating everything.
@@ -70,6 +103,11 @@ void register_wire(nb::module_& m) {
   m.def("encode", &EncodeBytes, nb::arg("obj").none(), nb::arg("mode"),
         nb::arg("indices") = nb::none());
   m.def("decode", &DecodeBytes, nb::arg("data"));
+  m.def("encode_array", &EncodeArray, nb::arg("obj").none(), nb::arg("mode"),
+        nb::arg("indices") = nb::none(),
+        "Encodes a batch into a new NumPy uint8 array (one copy).");
+  m.def("decode_buffer", &DecodeBuffer, nb::arg("buffer"),
+        "Decodes a batch in place, as views of `buffer` (kept alive by them).");
 }
 
 }  // namespace stoker::py

@@ -59,7 +59,7 @@ SlotLease::~SlotLease() {
 }
 
 nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
-                      uint32_t generation) {
+                      uint32_t generation, nb::object keep) {
   const size_t available = segment->size() - offset;
   DecodedBatch batch;
   Status st = DecodeBatch(segment->data() + offset, std::min<uint64_t>(nbytes, available), &batch);
@@ -67,6 +67,7 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
   held->segment = segment;
   held->shared = shared;
   held->generation = generation;
+  held->keep = std::move(keep);
   nb::object lease = nb::cast(held, nb::rv_policy::take_ownership);
   if (!st.ok()) {
     RaiseStoker("CorruptBatchError",

@@ -30,6 +30,7 @@ struct SlotLease {
   bool shared = false;      // a real slot (release on death) or private memory
   uint32_t generation = 0;  // the generation it was lent with (shared only)
   pid_t owner = getpid();   // the process whose release counts
+  nb::object keep;          // a borrowed segment's owner (an object store's buffer), kept alive
   ~SlotLease();
 };
 
@@ -51,7 +52,7 @@ struct PendingBatch {
 // Decodes a batch in `segment` at `offset` (validated) and builds it with a new lease as owner.
 // `shared`: the segment is a slot lent under `generation`, released when the lease dies.
 nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
-                      uint32_t generation = 0);
+                      uint32_t generation = 0, nb::object keep = nb::object());
 
 void register_slot_handles(nb::module_& m);
 

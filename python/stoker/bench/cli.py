@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -145,6 +146,10 @@ def main(argv=None) -> int:
                     help="batches per run of the num_workers scenario (the prefetch one runs 1000)")
     ap.add_argument("--main-cost", action="store_true",
                     help="only the main process's own CPU per batch and per tensor")
+    ap.add_argument("--placement", choices=["local", "ray"], default="local",
+                    help="ray: also run stoker with its workers as Ray actors ('stoker-ray')")
+    ap.add_argument("--ray-address", metavar="ADDR",
+                    help="the Ray cluster for --placement ray (as ray.init takes it)")
     args = ap.parse_args(argv)
     if args.main_cost:
         from . import main_cost
@@ -168,6 +173,10 @@ def main(argv=None) -> int:
         ap.error(f"unknown workloads: {unknown}")
     loaders = ["torch", "stoker"]
     skipped = []
+    if args.placement == "ray":
+        loaders.append("stoker-ray")
+        if args.ray_address:
+            os.environ[harness.RAY_ADDRESS_ENV] = args.ray_address
     if not args.no_peers:
         for p in peers.PEERS:
             ok, why = peers.available(p)

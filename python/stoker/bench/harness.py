@@ -72,6 +72,9 @@ def _pss(proc) -> int:
     return total
 
 
+RAY_ADDRESS_ENV = "STOKER_BENCH_RAY_ADDRESS"  # the cluster 'stoker-ray' runs on
+
+
 def make_loader(who, dataset, workload, workers, start_method=None):
     import torch
 
@@ -85,6 +88,11 @@ def make_loader(who, dataset, workload, workers, start_method=None):
         import stoker
 
         return stoker.DataLoader(dataset, **kwargs)
+    if who == "stoker-ray":  # the workers as Ray actors (their PSS is not in this process's)
+        import stoker
+
+        return stoker.DataLoader(dataset, placement=stoker.Ray(
+            address=os.environ.get(RAY_ADDRESS_ENV)), **kwargs)
     if who == "torch":
         return torch.utils.data.DataLoader(dataset, **kwargs)
     from . import peers

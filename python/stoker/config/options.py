@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .. import _system
+from . import placement as _placement
 from . import seeding
 
 DEATH_POLICIES = ("restart", "raise")
@@ -99,6 +100,18 @@ def _text_str(t):
     return t
 
 
+def _placement_ok(v):
+    try:
+        _placement.normalize(v)
+    except (ValueError, TypeError):
+        return "must be None (local processes), 'local', 'ray' or stoker.Ray(...)"
+    return None
+
+
+def _str_or_none(v):
+    return None if v is None or isinstance(v, str) else "must be None or a str"
+
+
 def _option(default, check, parse, doc, shown=None):
     """`shown`: how people see the default, when not as its repr (the README's table)."""
     return field(default=default, metadata={"check": check, "parse": parse, "doc": doc,
@@ -145,6 +158,13 @@ class Options:
     autotune_prefetch: bool = _option(
         False, _bool, _text_bool,
         "prefetch_factor=\"auto\" sets it: the depth of each worker's queue is tuned")
+    placement: object = _option(
+        None, _placement_ok, _text_str,
+        "where workers run: None (local processes) or stoker.Ray(...) (actors on a Ray "
+        "cluster)")
+    ray_address: str | None = _option(
+        None, _str_or_none, _text_str,
+        "the Ray cluster of placement=\"ray\" (as ray.init takes it)")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -152,6 +172,9 @@ class Options:
             problem = f.metadata["check"](value)
             if problem is not None:
                 raise ValueError(f"{f.name} {problem}, got {value!r}")
+        # one form for every way a placement is given ("ray", a dict from JSON, a Ray)
+        object.__setattr__(self, "placement",
+                           _placement.normalize(self.placement, self.ray_address))
 
     # -- making one ------------------------------------------------------------------------------
     @classmethod
@@ -177,6 +200,14 @@ class Options:
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.names()}
+
+    def to_json(self) -> dict:
+        """``as_dict`` with the placement as plain data (what children read from
+        ``STOKER_ENABLE``)."""
+        d = self.as_dict()
+        if d["placement"] is not None:
+            d["placement"] = d["placement"].to_dict()
+        return d
 
     # -- text: flags and environment variables ---------------------------------------------------
     @staticmethod

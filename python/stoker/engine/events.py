@@ -92,6 +92,26 @@ class EpochBegun(Event):
     __slots__ = ()
 
 
+class WorkerLost(Event):
+    """The worker cannot run now (its replacement found no room on the cluster): its work
+    should go to the others. ``task`` is unused (-1)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, worker: int, reason: str):
+        super().__init__(worker, -1)
+        self.reason = reason
+
+
+class WorkerReady(Event):
+    """A worker that was lost runs again and may take work. ``task`` is unused (-1)."""
+
+    __slots__ = ()
+
+    def __init__(self, worker: int):
+        super().__init__(worker, -1)
+
+
 def is_outcome(ev) -> bool:
     """True for the events that end a task."""
     return isinstance(ev, (BatchReady, TaskFailed)) or (

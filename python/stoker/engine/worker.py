@@ -143,18 +143,22 @@ class WorkerLoop:
         while True:
             ep.enter(protocol.STATE_IDLE, self.task, None)
             msg = ep.receive()
-            if msg is None:
+            if msg is None or not self.handle(*msg):
                 break
-            mtype, task, fmt, payload = msg
-            if mtype == MSG_STOP:
-                break
-            if mtype == MSG_RESUME:
-                self._begin_epoch(task, payload)
-            elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
-                ep.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
-            elif mtype == MSG_TASK and not self.ended:
-                self.task = task
-                self._run_task(task, protocol.decode_index(fmt, payload))
+
+    def handle(self, mtype: int, task: int, fmt: int, payload: bytes) -> bool:
+        """One message from the main process; False for STOP. (A placement that delivers
+        messages itself, an actor's method call, calls this directly.)"""
+        if mtype == MSG_STOP:
+            return False
+        if mtype == MSG_RESUME:
+            self._begin_epoch(task, payload)
+        elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
+            self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
+        elif mtype == MSG_TASK and not self.ended:
+            self.task = task
+            self._run_task(task, protocol.decode_index(fmt, payload))
+        return True
 
     def _begin_epoch(self, epoch: int, payload: bytes) -> None:
         # A new epoch may take a while (iter() of a stream, a restored state): "starting" tells

@@ -52,7 +52,7 @@ def enable(**options) -> None:
         if not _originals:
             _patch()
         _enabled = opts
-        os.environ[ENV] = json.dumps(opts.as_dict())
+        os.environ[ENV] = json.dumps(opts.to_json())
     log.debug("stoker: enabled for every torch DataLoader with %s", opts.describe())
 
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
             log.setLevel(logging.INFO)
     # Children: the options in the environment, and our sitecustomize that reads them.
     site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-    os.environ[_enable.ENV] = json.dumps(resolved.as_dict())
+    os.environ[_enable.ENV] = json.dumps(resolved.to_json())
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [site] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     _enable.enable(**options)

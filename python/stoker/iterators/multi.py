@@ -48,7 +48,7 @@ from ..engine.events import (
 )
 from ..engine.fetch import ITERABLE, MAP
 from ..engine.worker import WorkerConfig
-from ..placements.local import LocalProcesses
+from ..placements.choose import workers_for
 from ..resume.cursor import Cursor
 from . import exit as _exit
 from .failure import WorkerFailure
@@ -98,7 +98,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
                             "stoker.DataLoader" else f"{served_by} {cls}")
-        self.workers = LocalProcesses(context_for(loader), n, self._board.token)
+        self.workers = workers_for(options.placement, context_for(loader), n, self._board.token,
+                                   options.shared_memory_cap())
         self._watch = HangWatch(self.workers)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._recovery = Recovery(self._records, options, n, self._kind == MAP,

@@ -9,7 +9,6 @@ placement's thread-safe views.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from .._indices import jsonable
@@ -79,11 +78,9 @@ class IterStats:
         stuck = "".join(f" Also: {s.describe()}." for s in self._watch.stuck().values())
         log.warning(
             "stoker: the training loop waited for data %.0f%% of the time over %d batches: the "
-            "data is the bottleneck. Workers spend most of their time in %s (%s). More "
-            "num_workers (this process may use %d CPUs), cheaper samples or a larger "
-            "prefetch_factor would help (num_workers=\"auto\" and prefetch_factor=\"auto\" "
-            "tune both).%s", 100 * self.waited_s / elapsed, self.yielded,
-            _STAGES[slowest], split, len(os.sched_getaffinity(0)), stuck,
+            "data is the bottleneck. Workers spend most of their time in %s (%s). %s%s",
+            100 * self.waited_s / elapsed, self.yielded, _STAGES[slowest], split,
+            self._workers.scale_hint(), stuck,
         )
 
     def snapshot(self) -> dict:

@@ -14,15 +14,18 @@ Thread contract: the thread that iterates; ``shutdown`` and ``closed`` from any 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 
 from .._errors import EngineError, WorkerCrashed
-from ..engine.events import BatchReady, EpochBegun, WorkerExited
+from ..engine.events import BatchReady, EpochBegun, WorkerExited, WorkerLost, WorkerReady
 from ..engine.fetch import ITERABLE, MAP
 from .starting import start_explained
 from .tasks import NO_BATCH
 from .watch import CHECK_EVERY_S
+
+log = logging.getLogger("stoker")
 
 # Without hang_timeout or timeout, the wait still wakes this often to look for stuck workers.
 WATCH_S = 0.5
@@ -149,6 +152,12 @@ class Supervision:
                 if self._tasks.synthetic or self._restarted_meanwhile:
                     return None
                 continue
+            if isinstance(ev, WorkerLost):
+                self._on_lost(ev)
+                continue
+            if isinstance(ev, WorkerReady):
+                self._on_ready(ev.worker)
+                continue
             return ev
 
     def _queued(self) -> dict:
@@ -166,6 +175,46 @@ class Supervision:
         else:  # a new epoch of persistent workers waits for one to answer
             w = min(self._awaiting, default=None)
         return self._watch.timeout_error(self._timeout, t.rcvd_idx, w)
+
+    def _on_lost(self, ev: WorkerLost) -> None:
+        """A worker cannot run now: its tasks go to the workers that can, in their order (the
+        samples and their order do not change; with torch's seeding, their values may)."""
+        t = self._tasks
+        w = ev.worker
+        if self._kind == ITERABLE:  # its stream is its own: the epoch waits for room
+            log.warning("stoker: %s; worker %d's stream waits for it (an IterableDataset's "
+                        "share cannot move to another worker).", ev.reason, w)
+            return
+        t.unavailable.add(w)
+        moved = []
+        for task in t.in_flight(w):
+            to = self._running_worker()
+            if to is None:
+                break
+            t.move(task, to)
+            moved.append(task)
+            t.reissued(task)
+            self.send_task(to, task, t.index[task])
+        log.warning("stoker: %s; its %d batch(es) went to the other workers, and it joins "
+                    "again when the cluster has room.", ev.reason, len(moved))
+
+    def _running_worker(self):
+        """The next worker in turn that runs now (None when none does)."""
+        t = self._tasks
+        for _ in range(t.num_workers):
+            w = t.pick_worker()
+            if w is None:
+                return None
+            if self.workers.has(w):
+                return w
+        return None
+
+    def _on_ready(self, w: int) -> None:
+        t = self._tasks
+        t.unavailable.discard(w)
+        for task in t.in_flight(w):  # what could not move while it was lost
+            self.send_task(w, task, t.index[task])
+        log.info("stoker: worker %d runs again and takes work.", w)
 
     # -- deaths ----------------------------------------------------------------------------------
     def _on_exit(self, ex: WorkerExited) -> None:

@@ -34,6 +34,7 @@ class TaskTable:
         # autotune/); torch's scheduling when limit == num_workers.
         self.limit = num_workers
         self.in_order = in_order
+        self.unavailable: set[int] = set()  # workers that cannot run now (no room on a cluster)
         self.reset()
 
     def reset(self) -> None:
@@ -69,7 +70,7 @@ class TaskTable:
         """The next active worker, as torch picks it; None when none may take a task."""
         for _ in range(self.num_workers):
             w = next(self._cycle)
-            if self.active[w] and w < self.limit:
+            if self.active[w] and w < self.limit and w not in self.unavailable:
                 if self.in_order:
                     return w
                 if self.per_worker[w] < self.max_tasks // sum(self.active[:self.limit]):
@@ -125,6 +126,13 @@ class TaskTable:
         if isinstance(ix, list):
             return ix[position] if position < len(ix) else None
         return None if ix is NO_BATCH else ix
+
+    def move(self, task: int, worker_id: int) -> None:
+        """`task`, in flight, goes to `worker_id` instead (its worker cannot run)."""
+        old = self.info[task][0]
+        self.info[task][0] = worker_id
+        self.per_worker[old] -= 1
+        self.per_worker[worker_id] += 1
 
     def indices_of(self, tasks) -> list:
         out = []

@@ -107,7 +107,9 @@ class HangWatch:
                     # SharedMemoryLimitError after its own patience, not a hang.
                     limit = max(limit, 2 * _loop.SHARED_MEMORY_PATIENCE_S)
                 if limit is not None and st["state_seconds"] > limit:
-                    self._kill(w, Hung(st["index"], st["state_seconds"], ws.capture_stack(w)))
+                    stack = ws.capture_stack(w)
+                    st = ws.status(w) or st  # (a remote worker's status is fresher after it)
+                    self._kill(w, Hung(st["index"], st["state_seconds"], stack))
                 continue
             waiting = self._not_taking_work(w, st, stopped, queued.get(w, 0), now)
             if waiting is None:
@@ -121,7 +123,9 @@ class HangWatch:
                 self._stuck[w] = waiting
                 self._kill(w, Hung(None, waiting.seconds, ws.capture_stack(w),
                                    stuck=waiting.describe()))
-            elif waiting.seconds > NOT_TAKING_WORK_S or (waiting.stopped and waiting.seconds > 1):
+            elif waiting.seconds > max(NOT_TAKING_WORK_S, ws.start_grace_s
+                                       if waiting.state in ("starting", "not started") else 0) \
+                    or (waiting.stopped and waiting.seconds > 1):
                 self._stuck[w] = waiting
                 if w not in self._noted:
                     self._noted.add(w)

@@ -37,6 +37,8 @@ class Workers(abc.ABC):
     num_workers: int
     # How workers start, in words for logs and stats ("fork", "spawn", "forkserver", ...).
     start_method: str
+    # How long a worker may take to start before it is named as not taking its work.
+    start_grace_s: float = 5.0
 
     # -- life ------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -129,6 +131,15 @@ class Workers(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> list[dict]:
         """Per worker: ``id``, ``pid``, ``alive`` and, while it runs, its status."""
+
+    def scale_hint(self) -> str:
+        """What would give the workers more room, for the data-stall notice."""
+        import os
+
+        return (f"More num_workers (this process may use {len(os.sched_getaffinity(0))} CPUs), "
+                "cheaper samples or a larger prefetch_factor would help (num_workers=\"auto\" "
+                "and prefetch_factor=\"auto\" tune both), or workers on more machines "
+                "(placement=stoker.Ray(...)).")
 
     def seconds_in(self) -> dict:
         """Seconds all running workers spent in each state."""

@@ -1,0 +1,26 @@
+"""The Ray placement's tests (tests/ray) on a real two-node cluster, inside a private network
+namespace whose only interface is loopback (`unshare --net --pid --fork --mount-proc`, as root):
+no byte leaves 127.0.0.1 and the kernel ends every Ray daemon with the namespace."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_ray_placement_on_a_loopback_cluster():
+    assert shutil.which("unshare") and os.geteuid() == 0, (
+        "the Ray tests need `unshare` and root to start their cluster in a loopback-only "
+        "network namespace")
+    env = dict(os.environ, STOKER_RAY_NETNS="1", RAY_USAGE_STATS_ENABLED="0",
+               PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -x -p no:cacheprovider "
+             f"{os.path.join(HERE, 'ray')}")
+    r = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c",
+                        inner], cwd=HERE, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
+    assert " passed" in r.stdout, r.stdout[-2000:]
