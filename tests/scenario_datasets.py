@@ -284,3 +284,23 @@ class KillsInCollateOnce:
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(5)
         return torch.utils.data.default_collate(batch)
+
+
+class Wide(Dataset):
+    """Sample i: `width` floats of the value i (a view into the slot when large) and the label i
+    (a small leaf, copied out). `die_at`: that index SIGKILLs its worker once (a marker file
+    remembers); `bad`: that index raises."""
+
+    def __init__(self, n, width, die_at=None, marker=None, bad=None):
+        self.n, self.width, self.die_at, self.marker, self.bad = n, width, die_at, marker, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.die_at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.bad:
+            raise ValueError(f"cannot decode sample {i}")
+        return {"x": torch.full((self.width,), float(i)), "y": i}

@@ -24,6 +24,7 @@ LAYERS = [
     ("placements", ["stoker.placements"]),
     ("resume", ["stoker.resume"]),
     ("autotune", ["stoker.autotune"]),
+    ("gpu", ["stoker.gpu"]),
     ("iterators", ["stoker.iterators"]),
     ("loader", ["stoker._loader"]),
     ("integrations", ["stoker.integrations"]),

@@ -63,6 +63,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         autotune_prefetch=False,
         placement=None,
         ray_address=None,
+        device=None,
     ):
         # num_workers="auto": torch checks for an int, so the bound (the usable CPUs) goes to
         # torch and the iterator tunes how many of those workers take tasks (autotune/).
@@ -78,7 +79,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             max_retries=max_retries, quarantine_after=quarantine_after,
             hang_timeout=hang_timeout, stall_notice=stall_notice,
             max_shared_memory=max_shared_memory, seed=seed, autotune=autotune,
-            autotune_prefetch=autotune_prefetch, placement=placement, ray_address=ray_address)
+            autotune_prefetch=autotune_prefetch, placement=placement, ray_address=ray_address,
+            device=device)
         # Keywords only: a framework that wraps DataLoader.__init__ (Lightning records the
         # arguments to re-create loaders) sees each argument under its name.
         super().__init__(

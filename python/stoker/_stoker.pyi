@@ -130,11 +130,52 @@ class WorkerEndpoint:
 class SlotLease:
     """Keeps one batch's slot lent while any tensor view of it is alive."""
 
+class HeldReleases:
+    """
+    Slot hand-backs taken from a gate, waiting for the copies that read the slots; handed back by release() or when this is dropped.
+    """
+
+    def release(self) -> None:
+        """Hands the slots back to their workers."""
+
+    def __len__(self) -> int: ...
+
+class ReleaseGate:
+    """Where the hand-back of a dead lease's slot waits (GPU copies)."""
+
+    def __init__(self) -> None: ...
+
+    def take(self) -> HeldReleases:
+        """The hand-backs held since the last take()."""
+
+    @property
+    def held(self) -> int: ...
+
+    def close(self) -> None:
+        """Hands back what is held; nothing is held from now on."""
+
+class MappedRegion:
+    """A slot's mapping in this process, kept alive while this is held."""
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def sole(self) -> bool:
+        """Nothing else holds the mapping any more."""
+
 class PendingBatch:
     """A batch announced by a worker, not yet handed out."""
 
-    def decode(self) -> object:
-        """Validates the slot and builds the batch as views of it."""
+    def decode(self, gate: ReleaseGate | None = None) -> object:
+        """
+        Validates the slot and builds the batch as views of it; with a gate, the slot's hand-back waits there when the last view dies.
+        """
+
+    def region(self) -> MappedRegion:
+        """The slot's mapping (for pinning it once)."""
 
     def discard(self) -> None:
         """Hands the slot back without building anything."""

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <set>
 
+#include <nanobind/stl/shared_ptr.h>
+
 #include "py_decode.h"
 #include "stoker/slot.h"
 #include "stoker/wire_decoder.h"
@@ -50,16 +52,59 @@ PendingBatch::~PendingBatch() {
   Pending().erase(this);
 }
 
-SlotLease::~SlotLease() {
+void SlotRelease::Release() {
   // In a forked child the slot still belongs to the main process: only the mapping goes.
   // A release the slot refuses (stale generation) is dropped: nothing else holds the lease.
-  if (shared && segment && owner == getpid()) {
+  if (segment && owner == getpid()) {
     (void)SlotWord(reinterpret_cast<SlotHeader*>(segment->data())).Release(generation);
   }
+  segment.reset();
+}
+
+bool ReleaseGate::Hold(SlotRelease release) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return false;
+  held_.push_back(std::move(release));
+  return true;
+}
+
+std::vector<SlotRelease> ReleaseGate::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SlotRelease> out;
+  out.swap(held_);
+  return out;
+}
+
+size_t ReleaseGate::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_.size();
+}
+
+void ReleaseGate::Close() {
+  std::vector<SlotRelease> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    now.swap(held_);
+  }
+  for (SlotRelease& r : now) r.Release();
+}
+
+void HeldReleases::Release() {
+  for (SlotRelease& r : releases) r.Release();
+  releases.clear();
+}
+
+SlotLease::~SlotLease() {
+  if (!shared || !segment) return;
+  SlotRelease release{segment, generation, owner};
+  if (gate && owner == getpid() && gate->Hold(release)) return;
+  release.Release();
 }
 
 nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
-                      uint32_t generation, nb::object keep) {
+                      uint32_t generation, nb::object keep,
+                      std::shared_ptr<ReleaseGate> gate) {
   const size_t available = segment->size() - offset;
   DecodedBatch batch;
   Status st = DecodeBatch(segment->data() + offset, std::min<uint64_t>(nbytes, available), &batch);
@@ -68,6 +113,7 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
   held->shared = shared;
   held->generation = generation;
   held->keep = std::move(keep);
+  held->gate = std::move(gate);
   nb::object lease = nb::cast(held, nb::rv_policy::take_ownership);
   if (!st.ok()) {
     RaiseStoker("CorruptBatchError",
@@ -79,7 +125,7 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
   return BuildBatch(batch, lease, segment->size());
 }
 
-nb::object PendingBatch::Decode() {
+nb::object PendingBatch::Decode(std::shared_ptr<ReleaseGate> gate) {
   if (owner != getpid()) {
     RaiseStoker("EngineError", "this batch belongs to the loader of process " +
                                    std::to_string(owner) + "; a forked child cannot take it. "
@@ -106,7 +152,8 @@ nb::object PendingBatch::Decode() {
                     ": its shared memory was overwritten. The batch was dropped; the main "
                     "process is unharmed.");
   }
-  return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation);
+  return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation, nb::object(),
+                    std::move(gate));
 }
 
 void PendingBatch::Discard() {
@@ -121,9 +168,34 @@ void PendingBatch::Discard() {
 void register_slot_handles(nb::module_& m) {
   nb::class_<SlotLease>(m, "SlotLease",
                         "Keeps one batch's slot lent while any tensor view of it is alive.");
+  nb::class_<HeldReleases>(m, "HeldReleases",
+                           "Slot hand-backs taken from a gate, waiting for the copies that read "
+                           "the slots; handed back by release() or when this is dropped.")
+      .def("release", &HeldReleases::Release, "Hands the slots back to their workers.")
+      .def("__len__", [](const HeldReleases& h) { return h.releases.size(); });
+  nb::class_<ReleaseGate>(m, "ReleaseGate",
+                          "Where the hand-back of a dead lease's slot waits (GPU copies).")
+      .def(nb::init<>())
+      .def(
+          "take",
+          [](ReleaseGate& g) {
+            auto* out = new HeldReleases();
+            out->releases = g.Take();
+            return out;
+          },
+          nb::rv_policy::take_ownership, "The hand-backs held since the last take().")
+      .def_prop_ro("held", &ReleaseGate::held)
+      .def("close", &ReleaseGate::Close, "Hands back what is held; nothing is held from now on.");
+  nb::class_<MappedRegion>(m, "MappedRegion",
+                           "A slot's mapping in this process, kept alive while this is held.")
+      .def_prop_ro("address", &MappedRegion::address)
+      .def_prop_ro("size", &MappedRegion::size)
+      .def("sole", &MappedRegion::sole, "Nothing else holds the mapping any more.");
   nb::class_<PendingBatch>(m, "PendingBatch", "A batch announced by a worker, not yet handed out.")
-      .def("decode", &PendingBatch::Decode,
-           "Validates the slot and builds the batch as views of it.")
+      .def("decode", &PendingBatch::Decode, nb::arg("gate").none() = nb::none(),
+           "Validates the slot and builds the batch as views of it; with a gate, the slot's "
+           "hand-back waits there when the last view dies.")
+      .def("region", &PendingBatch::Region, "The slot's mapping (for pinning it once).")
       .def("discard", &PendingBatch::Discard, "Hands the slot back without building anything.")
       .def_ro("worker", &PendingBatch::worker)
       .def_ro("nbytes", &PendingBatch::nbytes);

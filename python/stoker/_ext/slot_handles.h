@@ -11,19 +11,60 @@
 // are useless in a forked child (decode() refuses), so a fork handler drops their mappings in
 // the child at once; a lease keeps its mapping, because tensor views in the child may read it.
 //
+// ReleaseGate: when the main process copies batches to a GPU asynchronously (pin_memory, the
+// `device` option), a copy may still be reading a slot after the last view of it died. A lease
+// decoded with a gate does not hand its slot back when it dies: the hand-back waits in the gate
+// until the caller, having made sure the copies are done (a CUDA event), lets it go
+// (take() -> HeldReleases.release()). A gate that is closed, or held releases that are dropped,
+// hand the slots back at once.
+//
 // Threads: these objects are touched with the GIL held; the registry of pending batches has
-// its own mutex (taken by the fork handler while the process forks).
+// its own mutex (taken by the fork handler while the process forks), and a gate has its own
+// (a lease may die on any thread that holds the GIL).
 #pragma once
 
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "common.h"
 #include "stoker/segment.h"
 
 namespace stoker::py {
+
+// One slot hand-back: the slot, the generation it was lent with, the process whose it is.
+struct SlotRelease {
+  std::shared_ptr<Segment> segment;
+  uint32_t generation = 0;
+  pid_t owner = 0;
+  void Release();  // LENT -> FREE (+ wake), once; nothing in another process
+};
+
+class ReleaseGate {
+ public:
+  // Takes the hand-back; false when the gate is closed (the caller releases at once).
+  bool Hold(SlotRelease release);
+  // The hand-backs held since the last take().
+  std::vector<SlotRelease> Take();
+  size_t held() const;
+  // From now on nothing is held; what is held is handed back now.
+  void Close();
+
+ private:
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::vector<SlotRelease> held_;
+};
+
+// Slot hand-backs taken from a gate, waiting for their copies: release() (or destruction).
+struct HeldReleases {
+  std::vector<SlotRelease> releases;
+  void Release();
+  ~HeldReleases() { Release(); }
+};
 
 struct SlotLease {
   std::shared_ptr<Segment> segment;
@@ -31,7 +72,19 @@ struct SlotLease {
   uint32_t generation = 0;  // the generation it was lent with (shared only)
   pid_t owner = getpid();   // the process whose release counts
   nb::object keep;          // a borrowed segment's owner (an object store's buffer), kept alive
+  std::shared_ptr<ReleaseGate> gate;  // where the hand-back waits (none: at once)
   ~SlotLease();
+};
+
+// The mapping of one slot in this process, for whoever must know where it lies and for how long
+// (pinning it as page-locked memory for the GPU): holding it keeps the mapping alive; sole()
+// says nobody else holds it any more (the worker retired the slot and no view is left), so it
+// may be let go. Touched with the GIL held.
+struct MappedRegion {
+  std::shared_ptr<Segment> segment;
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(segment->data()); }
+  size_t size() const { return segment->size(); }
+  bool sole() const { return segment.use_count() == 1; }
 };
 
 struct PendingBatch {
@@ -45,14 +98,16 @@ struct PendingBatch {
   ~PendingBatch();
   PendingBatch(const PendingBatch&) = delete;
   PendingBatch& operator=(const PendingBatch&) = delete;
-  nb::object Decode();
+  nb::object Decode(std::shared_ptr<ReleaseGate> gate);
   void Discard();
+  MappedRegion Region() const { return MappedRegion{segment}; }
 };
 
 // Decodes a batch in `segment` at `offset` (validated) and builds it with a new lease as owner.
 // `shared`: the segment is a slot lent under `generation`, released when the lease dies.
 nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
-                      uint32_t generation = 0, nb::object keep = nb::object());
+                      uint32_t generation = 0, nb::object keep = nb::object(),
+                      std::shared_ptr<ReleaseGate> gate = nullptr);
 
 void register_slot_handles(nb::module_& m);
 

@@ -108,6 +108,16 @@ def _placement_ok(v):
     return None
 
 
+def _device(v):
+    """None, "cuda", "cuda:N" or a torch.device of those (read as its text)."""
+    if v is None:
+        return None
+    kind, _, index = str(v).partition(":")
+    if kind == "cuda" and (not index or index.isdigit()):
+        return None
+    return "must be None, \"cuda\", \"cuda:N\" or torch.device(\"cuda\", N)"
+
+
 def _str_or_none(v):
     return None if v is None or isinstance(v, str) else "must be None or a str"
 
@@ -165,6 +175,10 @@ class Options:
     ray_address: str | None = _option(
         None, _str_or_none, _text_str,
         "the Ray cluster of placement=\"ray\" (as ray.init takes it)")
+    device: str | None = _option(
+        None, _device, _text_str,
+        "batches arrive on this CUDA device (\"cuda\", \"cuda:N\", a torch.device), "
+        "copied on a side stream while the loop works on the one before")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -175,6 +189,8 @@ class Options:
         # one form for every way a placement is given ("ray", a dict from JSON, a Ray)
         object.__setattr__(self, "placement",
                            _placement.normalize(self.placement, self.ray_address))
+        if self.device is not None:  # one form: text ("cuda:1"), also for a torch.device
+            object.__setattr__(self, "device", str(self.device))
 
     # -- making one ------------------------------------------------------------------------------
     @classmethod

@@ -48,6 +48,7 @@ from ..engine.events import (
 )
 from ..engine.fetch import ITERABLE, MAP
 from ..engine.worker import WorkerConfig
+from ..gpu import last_mile
 from ..placements.choose import workers_for
 from ..resume.cursor import Cursor
 from . import exit as _exit
@@ -126,6 +127,11 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             kind=self._kind, timeout=self._timeout, hang_timeout=options.hang_timeout,
             start_names={"collate_fn": self._collate_fn, "worker_init_fn": self._worker_init_fn})
         self._sup.config = self._worker_config(self._cursor.starting_stream_states())
+        # pin_memory: slots page-locked once; device: batches copied ahead (gpu/).
+        self._mile = last_mile(loader.pin_memory, options.device, self._next_host)
+        self._stage = self._mile.stage if self._mile is not None else None
+        if self._mile is not None:
+            self._sup.poll_while_waiting(self._mile)
         try:
             self._sup.start_all(self._tasks.limit)
             self._reset(loader, first_iter=True)
@@ -184,6 +190,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._sup.config = self._worker_config(start.stream_states)
         self._stats.new_epoch(epoch)
         self._recovery.new_epoch()
+        if self._stage is not None:  # batches copied ahead belong to the old epoch
+            self._stage.clear()
         self._tasks.reset()
         if start.first_worker is not None:  # a resumed stream: whose turn it was
             self._tasks.rotate(start.first_worker)
@@ -265,7 +273,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            self._next_data()
+            self._next_host()
             self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
@@ -275,11 +283,25 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         return batch
 
     def _next_data(self):
+        if self._stage is not None:
+            return self._stage.next()
+        return self._next_host()
+
+    def _at_handout(self, fn, *args) -> None:
+        """Runs what must happen as an outcome reaches the user: now, or (with a device stage)
+        when the batch pulled next is handed out."""
+        if self._stage is not None:
+            self._stage.defer(fn, *args)
+        else:
+            fn(*args)
+
+    def _next_host(self):
+        """The next batch as host tensors (views of its slot), in torch's order."""
         t = self._tasks
         while True:
             nxt = t.worker_of_next()
             if nxt is None:
-                self._cursor.finished()
+                self._at_handout(self._cursor.finished)
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
@@ -321,18 +343,23 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _process_data(self, data, worker_id, task):
         self._tasks.done(worker_id)
-        self._cursor.delivered(task)
-        for index, reason in self._tasks.take_skips(task):  # recorded as they reach the user
-            self._recovery.record_skip(index, reason, self._board)
+        self._at_handout(self._delivered, task)
         self._try_put_index()
         if data is NO_BATCH:
             return NO_BATCH
         if isinstance(data, WorkerFailure):
             data.reraise(self.workers.slot_usage)
+        if self._mile is not None:
+            return self._mile.decode(data)
         batch = data.decode()
-        if self._pin_memory:
+        if self._pin_memory:  # an accelerator that is not CUDA: torch's copy
             batch = _torch_compat.pin_memory(batch, self._pin_memory_device)
         return batch
+
+    def _delivered(self, task: int) -> None:
+        self._cursor.delivered(task)
+        for index, reason in self._tasks.take_skips(task):  # recorded as they reach the user
+            self._recovery.record_skip(index, reason, self._board)
 
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
         self._tasks.active[worker_id] = False
@@ -400,6 +427,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._shutdown_workers()
 
     def _shutdown_workers(self) -> None:
+        mile = self.__dict__.get("_mile")
+        if mile is not None:  # copies that read slots finish, slots are unregistered
+            mile.close()
         sup = self.__dict__.get("_sup")
         if sup is not None:
             sup.shutdown()

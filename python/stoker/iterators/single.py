@@ -13,6 +13,7 @@ from ..config import seeding
 from ..config.records import SkippedSample, records_of
 from ..engine import stream_state
 from ..engine.fetch import ITERABLE, MAP, AllSkipped, Fetcher
+from ..gpu import last_mile
 from ..resume.cursor import Cursor
 
 
@@ -56,6 +57,9 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if options.on_error != "raise" or self._seeder is not None:
             self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
         self._discard = 0
+        # device: batches copied ahead on a side stream (gpu/); torch's iterator pins.
+        self._mile = last_mile(False, options.device, self._next_host)
+        self._stage = self._mile.stage if self._mile is not None else None
         self._begin_epoch()
 
     def _begin_epoch(self):
@@ -90,6 +94,8 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
     def _reset(self, loader, first_iter=False):
         self._cursor.prepare_epoch()
         super()._reset(loader, first_iter)
+        if self._stage is not None:  # batches copied ahead belong to the old epoch
+            self._stage.clear()
         self._begin_epoch()
 
     def __next__(self):
@@ -97,26 +103,47 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            super().__next__()
+            self._next_host()
+            self._num_yielded += 1
         return super().__next__()
 
     def _next_data(self):
+        if self._stage is not None:
+            return self._stage.next()
+        return self._next_host()
+
+    def _at_handout(self, fn, *args) -> None:
+        """Runs `fn(*args)` as the outcome reaches the user: now, or (with a device stage) when
+        the batch pulled next is handed out."""
+        if self._stage is not None:
+            self._stage.defer(fn, *args)
+        else:
+            fn(*args)
+
+    def _next_host(self):
         while True:
             try:
                 data = super()._next_data()
             except AllSkipped:
-                self._delivered()
+                self._drawn()
                 continue
             except StopIteration:
-                self._cursor.finished()
+                self._at_handout(self._cursor.finished)
                 raise
             except Exception:
-                self._delivered()  # the user got this batch's error
+                self._drawn()  # the user gets this batch's error
                 raise
-            self._delivered()
+            self._drawn()
             return data
 
-    def _delivered(self) -> None:
-        self._cursor.delivered_here()
+    def _drawn(self) -> None:
+        """The outcome just loaded will reach the user: where it was and, for a stream, the
+        state after it, taken now, recorded when it is handed out."""
+        state = None
         if isinstance(self._dataset, IterableDataset):  # what a resume continues from
-            self._cursor.stream_state_here(stream_state.capture(self._dataset, *self._stream()))
+            state = stream_state.capture(self._dataset, *self._stream())
+        self._at_handout(self._delivered, self._cursor.here(), state)
+
+    def _delivered(self, pos: int, state) -> None:
+        self._cursor.delivered_here(pos)
+        self._cursor.stream_state_here(state)

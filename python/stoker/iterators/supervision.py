@@ -29,6 +29,9 @@ log = logging.getLogger("stoker")
 
 # Without hang_timeout or timeout, the wait still wakes this often to look for stuck workers.
 WATCH_S = 0.5
+# While slots wait for GPU copies to finish (gpu/), the wait wakes this often to hand them back:
+# a worker may be waiting for one of them.
+POLL_S = 0.002
 
 
 class Supervision:
@@ -52,6 +55,7 @@ class Supervision:
         self._beginning = False  # persistent workers are being told a new epoch begins
         self._awaiting: set = set()  # ... and have not answered yet
         self._restarted_meanwhile: set = set()
+        self._poll = None  # also looked at while waiting (pending(), poll())
 
     # -- the end ---------------------------------------------------------------------------------
     @property
@@ -129,6 +133,11 @@ class Supervision:
         self._beginning = False
 
     # -- waiting ---------------------------------------------------------------------------------
+    def poll_while_waiting(self, part) -> None:
+        """`part` (``pending()``, ``poll()``) is polled before each wait and, while it has
+        something pending, every few milliseconds during it."""
+        self._poll = part
+
     def wait(self):
         """The next event; deaths are handled (restart or raise) on the way. None when a death
         produced something the caller must look at (a synthetic result, a restart while a new
@@ -137,8 +146,13 @@ class Supervision:
         hang = self._hang_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         slice_max = CHECK_EVERY_S if hang is not None else WATCH_S
+        poll = self._poll
         while True:
             slice_s = slice_max
+            if poll is not None:
+                poll.poll()
+                if poll.pending():
+                    slice_s = POLL_S
             if deadline is not None:
                 slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
             ev = self.workers.wait(slice_s)

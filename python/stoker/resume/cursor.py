@@ -13,8 +13,8 @@ Every iterator (multi-process or not) has one ``Cursor`` and tells it what happe
   batches to drop);
 - as tasks go and come (multi-process): ``sent(task)``, ``observe(event)`` for what workers send
   (a stream's state, an outcome), ``delivered(task)`` when the outcome reached the user;
-  ``delivered_here()`` and ``stream_state_here(state)`` for one process; ``finished()`` at the
-  end of the epoch;
+  ``here()``, ``delivered_here(pos)`` and ``stream_state_here(state)`` for one process;
+  ``finished()`` at the end of the epoch;
 - on a worker's death: ``restart_state(worker)``: can a new worker continue its stream, and from
   which state;
 - ``pending()``: ``load_state_dict`` ran after this iterator began (it must start over).
@@ -190,10 +190,14 @@ class Cursor:
             rec.streams.received[sent[0]] = sent[1]
             rec.streams.last_worker = sent[0]
 
-    def delivered_here(self) -> None:
-        """One process: the item drawn last reached the user."""
+    def here(self) -> int:
+        """One process: the position of the item drawn last."""
+        return self._stream.pos
+
+    def delivered_here(self, pos: int | None = None) -> None:
+        """One process: the item at `pos` (None: the one drawn last) reached the user."""
         rec = self.record
-        rec.delivered.mark(self._stream.pos)
+        rec.delivered.mark(self._stream.pos if pos is None else pos)
         rec.delivered.yielded += 1
 
     def stream_state_here(self, state: dict | None) -> None:
