@@ -29,6 +29,18 @@ class FakeEvent:
         self._gpu.run(until=self)
 
 
+class FakeBarrier:
+    def __init__(self, gpu, events):
+        self._gpu, self._events = gpu, events
+
+    def query(self) -> bool:
+        return all(e.done for e in self._events)
+
+    def synchronize(self) -> None:
+        for e in self._events:
+            self._gpu.run(until=e)
+
+
 class FakeStream:
     def __init__(self, name: str):
         self.name = name
@@ -125,6 +137,10 @@ class FakeCuda:
     def record_stream(self, tensor, stream) -> None:
         self.recorded_on[id(tensor)].append(stream)
 
+    def barrier(self):
+        """Passes once everything queued so far, on every stream, has run."""
+        return FakeBarrier(self, [self.record(s) for s in self.streams])
+
     def pin(self, tensor):
         out = tensor.clone()
         self.pinned_copies.append((out.data_ptr(), max(1, out.numel() * out.element_size())))
@@ -135,14 +151,16 @@ class FakeCuda:
         """The user's kernel on the current stream: `fn()` runs when the stream gets there."""
         self.current.ops.append(("call", fn))
 
-    def run(self, max_ops: int | None = None, until: FakeEvent | None = None) -> int:
+    def run(self, max_ops: int | None = None, until: FakeEvent | None = None,
+            only=None) -> int:
         """Runs queued work: the first stream (default first) whose next op can run, again and
-        again. Returns how many ops ran."""
+        again; `only`: just these streams (the others are behind). Returns how many ops ran."""
         ran = 0
+        streams = self.streams if only is None else only
         while max_ops is None or ran < max_ops:
             if until is not None and until.done:
                 break
-            stream = next((s for s in self.streams if s.ops and self._runnable(s.ops[0])), None)
+            stream = next((s for s in streams if s.ops and self._runnable(s.ops[0])), None)
             if stream is None:
                 break
             self._execute(stream.ops.popleft())

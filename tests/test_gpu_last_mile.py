@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 
 import pytest
@@ -97,6 +98,54 @@ def test_async_copy_of_a_dropped_batch_reads_that_batch(gpu):
     gpu.run()
     assert_batches([[x.flatten(), y] for x, y in out])
     assert gpu.problems == []
+
+
+def test_async_copy_on_a_side_stream_of_a_dropped_batch_reads_that_batch(gpu):
+    # The copy is queued on the user's own stream, not the one current when the loop asks for
+    # the next batch (a hand-written prefetcher): the hand-back waits for every stream.
+    side = gpu.new_stream(None)
+    out = []
+    for b in loader(pin_memory=True):
+        with gpu.use_stream(side):
+            out.append((gpu.to_device(b["x"], "cuda"), b["y"].tolist()))
+        del b
+        gpu.run(only=[gpu.default])  # the default stream keeps up, the side stream is behind
+    gpu.run()
+    assert_batches([[x.flatten(), y] for x, y in out])
+    assert gpu.problems == []
+
+
+class _SlowSync(FakeCuda):
+    """A GPU that is behind: waiting for it takes a while (what a worker would use to write
+    into a slot handed back too early)."""
+
+    def barrier(self):
+        b = super().barrier()
+        sync = b.synchronize
+
+        def slow():
+            time.sleep(0.3)
+            sync()
+
+        b.synchronize = slow
+        return b
+
+
+@pytest.mark.parametrize("cap", [None, 3 << 20])
+def test_shutdown_mid_epoch_waits_for_the_copies_before_slots_go_back(monkeypatch, cap):
+    gpu = _SlowSync()
+    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: gpu)
+    warnings.filterwarnings("ignore", "'pin_memory' argument is set", UserWarning)
+    it = iter(loader(wide(400), pin_memory=True, max_shared_memory=cap, num_workers=1))
+    out = []
+    for _ in range(6):
+        b = next(it)
+        out.append(gpu.to_device(b["x"], "cuda"))
+        del b
+    it._shutdown_workers()  # as del it, or an exception leaving the loop
+    gpu.run()
+    assert [k for k, x in enumerate(out) if not torch.equal(x.flatten(), expected(k))] == []
+    assert gpu.problems == [] and gpu.registered == {}
 
 
 def test_the_fake_sees_the_race_the_gate_prevents(gpu):
@@ -245,3 +294,23 @@ def test_device_without_cuda_says_so(monkeypatch):
     monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: None)
     with pytest.raises(RuntimeError, match="needs CUDA"):
         iter(loader(device="cuda", num_workers=0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_device_skips_are_recorded_as_their_batch_is_handed_out(gpu, workers):
+    # batch 1 (indices 4..7) loses index 5; the checkpoint after batch 0 must not hold it
+    def make():
+        return loader(wide(bad=5), device="cuda", shuffle=False, num_workers=workers,
+                      on_error="skip")
+
+    ld = make()
+    it = iter(ld)
+    consume(gpu, [next(it)])  # batch 1 is already pulled and being copied
+    sd = ld.state_dict()
+    assert list(sd["skipped"]) == []
+    del it
+    again = make()
+    again.load_state_dict(sd)
+    rest = consume(gpu, again)
+    assert [s.index for s in again.skipped] == [5]
+    assert rest[0][1] == [4, 6, 7]

@@ -354,3 +354,54 @@ def test_each_skipped_sample_is_recorded_once_across_a_resume_with_prefetched_ba
     rest = list(resumed)
     assert sorted(s.index for s in resumed.skipped) == sorted(bad)
     assert sum(len(b) for b in first + rest) == 64 - len(bad)
+
+
+class _BadStream(torch.utils.data.IterableDataset):
+    """0..39 split among workers by stride; the values in `bad` raise (corrupt records). No
+    state of its own: a resume reads the stream again and drops what was delivered."""
+
+    def __init__(self, bad):
+        self.bad = set(bad)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        k, n = (0, 1) if info is None else (info.id, info.num_workers)
+        return _Records(iter(range(k, 40, n)), self.bad)
+
+
+class _Records:
+    """An iterator that raises for a bad record and goes on after it (a generator would end)."""
+
+    def __init__(self, it, bad):
+        self.it, self.bad = it, bad
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        i = next(self.it)
+        if i in self.bad:
+            raise ValueError(f"corrupt record {i}")
+        return i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skips_of_a_replayed_stream_are_recorded_once(workers):
+    """A stream without state is read again after a resume and the batches delivered before
+    are dropped: their skipped samples were recorded before the checkpoint, not again."""
+    def make_stream():
+        return stoker.DataLoader(_BadStream({2, 7}), batch_size=4, on_error="skip",
+                                 num_workers=workers)
+
+    ref = make_stream()
+    want = [b.tolist() for b in ref]
+    loader = make_stream()
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(4)]
+    sd = saved(loader.state_dict())
+    del it
+    resumed = make_stream()
+    resumed.load_state_dict(sd)
+    got += [b.tolist() for b in resumed]
+    assert got == want
+    assert len(resumed.skipped) == len(ref.skipped), (resumed.skipped, ref.skipped)

@@ -97,3 +97,24 @@ def test_enable_pins_torch_loaders():
         assert all(b["x"].is_pinned() for b in ld)
     finally:
         stoker.disable()
+
+
+@pytest.mark.parametrize("how", ["pin_memory", "device"])
+def test_values_equal_torchs_loader(how):
+    """torch's loader with pin_memory=True and .to(non_blocking=True) is the reference."""
+    from stoker.bench.workloads import ImageTensors
+
+    ref = [(x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True))
+           for x, y in torch.utils.data.DataLoader(ImageTensors(512), batch_size=64,
+                                                   num_workers=2, pin_memory=True)]
+    kw = {"pin_memory": True} if how == "pin_memory" else {"device": "cuda"}
+    got = []
+    for x, y in stoker.DataLoader(ImageTensors(512), batch_size=64, num_workers=2, **kw):
+        busy()
+        if how == "pin_memory":
+            x, y = x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
+        got.append((x * 1, y * 1))
+    torch.cuda.synchronize()
+    assert len(got) == len(ref)
+    for (a, b), (c, d) in zip(got, ref):
+        assert torch.equal(a, c) and torch.equal(b, d)

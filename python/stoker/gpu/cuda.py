@@ -21,6 +21,10 @@ The methods a runtime has:
   work queued on `stream` so far is done.
 - ``pin(tensor)``: a copy in pinned memory (torch's caching host allocator: its blocks are
   reused, not allocated per batch).
+- ``barrier() -> event``: an event that passes once all work queued so far *on every stream of
+  every device this process uses* is done (the user may copy from a pinned batch on any stream,
+  or to another GPU). ``TorchCuda`` runs ``torch.cuda.synchronize(device)`` on a helper thread
+  for it, so the loop never waits; ``query()`` and ``synchronize()`` as for an event.
 
 Thread contract: the thread that iterates (as torch's CUDA calls, per thread current stream).
 """
@@ -29,8 +33,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import threading
 
 log = logging.getLogger("stoker")
+
+# cudaHostRegisterPortable: the range is pinned for every CUDA context, not only the current one
+_REGISTER_PORTABLE = 1
 
 
 def runtime():
@@ -54,6 +63,7 @@ class TorchCuda:
 
     def __init__(self):
         self._lib = None
+        self._barriers = None
 
     def _cudart(self):
         if self._lib is None:
@@ -68,10 +78,10 @@ class TorchCuda:
         if not lib:
             import torch
 
-            rc = int(torch.cuda.cudart().cudaHostRegister(address, size, 0))
+            rc = int(torch.cuda.cudart().cudaHostRegister(address, size, _REGISTER_PORTABLE))
         else:
             rc = lib.cudaHostRegister(ctypes.c_void_p(address), ctypes.c_size_t(size),
-                                      ctypes.c_uint(0))
+                                      ctypes.c_uint(_REGISTER_PORTABLE))
         if rc == 0:
             return None
         return self._error(rc)
@@ -135,6 +145,67 @@ class TorchCuda:
 
     def pin(self, tensor):
         return tensor.pin_memory()
+
+    def barrier(self):
+        import torch
+
+        if self._barriers is None or self._barriers.pid != os.getpid():
+            self._barriers = _Barriers()
+        return self._barriers.new(torch.cuda.current_device())
+
+
+class _Barrier:
+    def __init__(self):
+        self._done = threading.Event()
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        self._done.wait()
+
+
+class _Barriers:
+    """One helper thread: each round takes the barriers asked for so far, synchronises every
+    device this process uses (the GIL is released while it waits), and passes them."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self._cv = threading.Condition()
+        self._asked: list = []  # (barrier, device)
+        threading.Thread(target=self._run, name="stoker-gpu-barrier", daemon=True).start()
+
+    def new(self, device: int) -> _Barrier:
+        """`device`: the asking thread's current device (the helper thread has its own)."""
+        b = _Barrier()
+        with self._cv:
+            self._asked.append((b, device))
+            self._cv.notify()
+        return b
+
+    def _run(self) -> None:
+        import torch
+
+        while True:
+            with self._cv:
+                while not self._asked:
+                    self._cv.wait()
+                batch, self._asked = self._asked, []
+            try:
+                for d in _devices_in_use(torch, {d for _, d in batch}):
+                    torch.cuda.synchronize(d)
+            except Exception as e:  # a sticky CUDA error: the user's loop sees it too
+                log.warning("stoker: waiting for the GPU before handing slots back failed (%s)",
+                            e)
+            for b, _ in batch:
+                b._done.set()
+
+
+def _devices_in_use(torch, current: set) -> list[int]:
+    """The askers' current devices and every device torch's allocator holds memory on (a copy
+    there allocated it); synchronising any other would create a context on it."""
+    return sorted(set(current) | {d for d in range(torch.cuda.device_count())
+                                  if torch.cuda.memory_reserved(d) > 0})
 
 
 def _loaded_cudart():

@@ -19,12 +19,13 @@ with ``defer()`` rides with the next batch pulled and runs as that batch is hand
 checkpoint never counts a batch that is still being copied, and a resumed run loads it again. An
 error or the end of the epoch found while pulling ahead is raised when its turn comes.
 
-Thread contract: the thread that iterates.
+Thread contract: the thread that iterates; ``finish_copies()`` also from another (shutdown).
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 
 from .tree import map_tensors
 
@@ -53,6 +54,7 @@ class DeviceStage:
         self._queue: collections.deque[_Item] = collections.deque()
         self._notes: list = []  # noted since the last pull
         self._reading: collections.deque = collections.deque()  # (event, host batch)
+        self._lock = threading.Lock()  # finish_copies() may come from another thread
 
     def defer(self, fn, *args) -> None:
         """Runs `fn(*args)` when the next batch pulled reaches the user."""
@@ -100,7 +102,8 @@ class DeviceStage:
         with rt.use_stream(self._stream):
             out = map_tensors(host, copy)
             event = rt.record(self._stream)
-        self._reading.append((event, host))
+        with self._lock:
+            self._reading.append((event, host))
         self._queue.append(_Item(_BATCH, out, event, tensors, self._take_notes()))
 
     def _take_notes(self) -> list:
@@ -109,9 +112,10 @@ class DeviceStage:
 
     def _retire(self) -> None:
         """Drops the host batches whose copies are done (their slots go back)."""
-        r = self._reading
-        while r and r[0][0].query():
-            r.popleft()
+        with self._lock:
+            r = self._reading
+            while r and r[0][0].query():
+                r.popleft()
 
     def pending(self) -> bool:
         return bool(self._reading)
@@ -121,9 +125,10 @@ class DeviceStage:
 
     def finish_copies(self) -> None:
         """Waits for every copy queued (shutdown, a new epoch) and drops the host batches."""
-        if self._reading:
-            self._reading[-1][0].synchronize()
-            self._reading.clear()
+        with self._lock:
+            if self._reading:
+                self._reading[-1][0].synchronize()
+                self._reading.clear()
 
     def clear(self) -> None:
         """A new epoch or a resume: what was pulled ahead belongs to the old one."""

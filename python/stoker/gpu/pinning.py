@@ -17,10 +17,10 @@ allocator, whose blocks are reused batch after batch.
 view of it (``x = batch.to(dev, non_blocking=True); del batch``). torch's own pinned memory is
 safe here because its allocator records an event for the copy; slot memory is not torch's, so
 the slot's hand-back waits in a ``ReleaseGate``: the next time the loader looks (every batch, and
-every few milliseconds while it waits), it records an event on the current CUDA stream for the
-hand-backs that arrived, and hands the slots back to their workers once that event has passed.
-The rule this gives (docs/design/gpu.md): copies from a pinned batch must be queued on the stream
-that is current when the loop asks for the next batch, or the batch kept until they finish.
+every few milliseconds while it waits), it asks the runtime for a barrier for the hand-backs that
+arrived (work queued so far on every stream of every device in use is done: the copy may be on
+a side stream or to another GPU), and hands the slots back once it has passed. The loop never
+waits for it; slots wait about one training step longer before they go back.
 
 Thread contract: the thread that iterates; ``close()`` from any thread (a registry has a lock).
 """
@@ -49,6 +49,7 @@ class PinnedSlots:
         self._regions: dict[int, object] = {}  # address -> MappedRegion
         self._refused = False
         self._since_sweep = 0
+        self._closed = False
         self._lock = threading.Lock()  # close() may come from another thread (shutdown)
         _LIVE.add(self)
 
@@ -59,11 +60,13 @@ class PinnedSlots:
         with self._lock:
             if address in self._regions:
                 return True
+            if self._closed:  # shut down (another thread): nothing new is registered
+                return False
             err = self._rt.register(address, region.size)
             if err is None:
                 self._regions[address] = region
                 return True
-        if not self._refused:
+        if not self._refused and err is not None:
             self._refused = True
             log.warning("stoker: cannot page-lock a %d-byte slot for the GPU (%s); batches are "
                         "pinned by a copy instead", region.size, err)
@@ -88,8 +91,9 @@ class PinnedSlots:
         longer pinned) and the memory goes when they do."""
         self.sweep()
         with self._lock:
+            self._closed = True
             if self._regions:
-                self._rt.record(self._rt.current_stream()).synchronize()
+                self._rt.barrier().synchronize()
                 for address in list(self._regions):
                     self._rt.unregister(address)
                 self._regions.clear()
@@ -120,27 +124,32 @@ class HeldSlots:
     def __init__(self, runtime, gate):
         self._rt = runtime
         self.gate = gate
-        self._waiting = collections.deque()  # (event, HeldReleases), oldest first
+        self._waiting = collections.deque()  # (barrier, HeldReleases), oldest first
+        self._lock = threading.Lock()  # close() may come from another thread (shutdown)
 
     def pending(self) -> bool:
         return bool(self._waiting) or self.gate.held > 0
 
     def poll(self) -> None:
-        if self.gate.held:
-            held = self.gate.take()
-            self._waiting.append((self._rt.record(self._rt.current_stream()), held))
-        w = self._waiting
-        while w and w[0][0].query():
-            w.popleft()[1].release()
+        with self._lock:
+            if self.gate.held:
+                self._waiting.append((self._rt.barrier(), self.gate.take()))
+            w = self._waiting
+            while w and w[0][0].query():
+                w.popleft()[1].release()
 
     def close(self) -> None:
-        """Hands everything back once the copies queued so far are done (shutdown)."""
-        self.gate.close()
-        w = self._waiting
-        if w:
-            w[-1][0].synchronize()  # the newest: every older one is done too
-        while w:
-            w.popleft()[1].release()
+        """Shutdown (the workers are stopped first): what waits, and what the gate holds, goes
+        back once the copies queued so far are done; from then on nothing waits."""
+        with self._lock:
+            w = self._waiting
+            if self.gate.held:
+                w.append((self._rt.barrier(), self.gate.take()))
+            if w:
+                w[-1][0].synchronize()  # the newest: every older one is done too
+            while w:
+                w.popleft()[1].release()
+            self.gate.close()
 
 
 class PinnedDecoder:

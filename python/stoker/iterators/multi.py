@@ -95,6 +95,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._collate_mode = _collate_mode(loader)
         self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
         self._discard = 0
+        self._replaying = False  # dropping batches delivered before a resume
         n = self._num_workers
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
@@ -273,7 +274,11 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            self._next_host()
+            self._replaying = True  # delivered before the checkpoint: nothing is recorded
+            try:
+                self._next_host()
+            finally:
+                self._replaying = False
             self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
@@ -290,7 +295,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _at_handout(self, fn, *args) -> None:
         """Runs what must happen as an outcome reaches the user: now, or (with a device stage)
         when the batch pulled next is handed out."""
-        if self._stage is not None:
+        if self._stage is not None and not self._replaying:
             self._stage.defer(fn, *args)
         else:
             fn(*args)
@@ -316,8 +321,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             task, data = self._get_data()
             t.received(task)
             if isinstance(data, StreamEnded):
-                for index, reason in t.take_skips(task):  # skipped before the stream ended
-                    self._recovery.record_skip(index, reason, self._board)
+                # skipped before the stream ended: recorded in their turn
+                self._at_handout(self._record_skips, t.take_skips(task))
                 if self._persistent_workers:
                     t.active[data.worker] = False
                 else:
@@ -343,7 +348,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _process_data(self, data, worker_id, task):
         self._tasks.done(worker_id)
-        self._at_handout(self._delivered, task)
+        self._at_handout(self._delivered, task, self._tasks.take_skips(task))
         self._try_put_index()
         if data is NO_BATCH:
             return NO_BATCH
@@ -356,9 +361,16 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             batch = _torch_compat.pin_memory(batch, self._pin_memory_device)
         return batch
 
-    def _delivered(self, task: int) -> None:
+    def _delivered(self, task: int, skips) -> None:
         self._cursor.delivered(task)
-        for index, reason in self._tasks.take_skips(task):  # recorded as they reach the user
+        self._record_skips(skips)
+
+    def _record_skips(self, skips) -> None:
+        """Skipped samples are recorded as their batch's outcome reaches the user; a batch
+        dropped after a resume was delivered before it, and its skips recorded then."""
+        if self._replaying:
+            return
+        for index, reason in skips:
             self._recovery.record_skip(index, reason, self._board)
 
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
@@ -379,9 +391,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def set_workers(self, active: int) -> None:
         t = self._tasks
-        new = [w for w in range(t.limit, active) if self.workers.pid(w) is None]
+        new = [w for w in range(t.limit, active) if not self.workers.has(w)]
         if new:  # the running workers give up part of their share first
-            running = sum(1 for w in range(self._num_workers) if self.workers.pid(w) is not None)
+            running = sum(1 for w in range(self._num_workers) if self.workers.has(w))
             self._share_memory(running + len(new))
         for w in new:
             self._sup.start(w)
@@ -427,16 +439,18 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._shutdown_workers()
 
     def _shutdown_workers(self) -> None:
-        mile = self.__dict__.get("_mile")
-        if mile is not None:  # copies that read slots finish, slots are unregistered
-            mile.close()
         sup = self.__dict__.get("_sup")
-        if sup is not None:
-            sup.shutdown()
-        else:  # __init__ failed before the workers started
-            board = self.__dict__.get("_board")
-            if board is not None:
-                board.close()
+        try:
+            if sup is not None:  # first: no worker writes into a slot a copy may still read
+                sup.shutdown()
+            else:  # __init__ failed before the workers started
+                board = self.__dict__.get("_board")
+                if board is not None:
+                    board.close()
+        finally:
+            mile = self.__dict__.get("_mile")
+            if mile is not None:  # copies that read slots finish, slots are unregistered
+                mile.close()
 
     def __del__(self):
         try:

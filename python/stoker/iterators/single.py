@@ -28,6 +28,7 @@ class PolicyFetcher:
         self.collate_fn = loader.collate_fn
         self.records = records
         self.seeding = seeder is not None
+        self._skips: list = []  # skipped since take_skips()
 
     def fetch(self, index):
         if not self.seeding:
@@ -39,9 +40,18 @@ class PolicyFetcher:
         try:
             data = self.fetcher.fetch(index)
         finally:
-            for i, reason in self.fetcher.skipped:
-                self.records.record_skip(SkippedSample(i, reason, self.records.epoch))
+            self._skips.extend(self.fetcher.skipped)
         return self.collate_fn(data)
+
+    def take_skips(self) -> list:
+        """The (index, reason) skipped by the fetches since the last call: recorded when
+        their batch reaches the user, not when it is loaded."""
+        out, self._skips = self._skips, []
+        return out
+
+    def record(self, skips) -> None:
+        for i, reason in skips:
+            self.records.record_skip(SkippedSample(i, reason, self.records.epoch))
 
 
 class SingleProcessIter(_torch_compat.single_process_iterator()):
@@ -57,6 +67,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if options.on_error != "raise" or self._seeder is not None:
             self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
         self._discard = 0
+        self._replaying = False  # dropping batches delivered before a resume
         # device: batches copied ahead on a side stream (gpu/); torch's iterator pins.
         self._mile = last_mile(False, options.device, self._next_host)
         self._stage = self._mile.stage if self._mile is not None else None
@@ -103,7 +114,11 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            self._next_host()
+            self._replaying = True  # delivered before the checkpoint: nothing is recorded
+            try:
+                self._next_host()
+            finally:
+                self._replaying = False
             self._num_yielded += 1
         return super().__next__()
 
@@ -115,7 +130,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
     def _at_handout(self, fn, *args) -> None:
         """Runs `fn(*args)` as the outcome reaches the user: now, or (with a device stage) when
         the batch pulled next is handed out."""
-        if self._stage is not None:
+        if self._stage is not None and not self._replaying:
             self._stage.defer(fn, *args)
         else:
             fn(*args)
@@ -142,8 +157,12 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         state = None
         if isinstance(self._dataset, IterableDataset):  # what a resume continues from
             state = stream_state.capture(self._dataset, *self._stream())
-        self._at_handout(self._delivered, self._cursor.here(), state)
+        f = self._dataset_fetcher
+        skips = f.take_skips() if isinstance(f, PolicyFetcher) else ()
+        self._at_handout(self._delivered, self._cursor.here(), state, skips)
 
-    def _delivered(self, pos: int, state) -> None:
+    def _delivered(self, pos: int, state, skips) -> None:
         self._cursor.delivered_here(pos)
         self._cursor.stream_state_here(state)
+        if skips and not self._replaying:  # (a replayed batch's were recorded before)
+            self._dataset_fetcher.record(skips)
