@@ -380,3 +380,21 @@ def test_type_stubs_are_shipped_and_current(tmp_path):
         assert f.read() == fresh.read_text(), (
             "python/stoker/_stoker.pyi is out of date: after building, run "
             "python -m nanobind.stubgen -q -m stoker._stoker -o python/stoker/_stoker.pyi")
+
+
+def test_a_batch_decoded_in_place_holds_its_buffer_while_views_live():
+    """Views built on another owner's buffer (an object store's, for Ray workers) keep the
+    buffer exported: its memory cannot be resized or freed under them."""
+    import gc
+
+    from stoker import _stoker
+
+    batch = {"x": torch.arange(100_000, dtype=torch.float32), "y": torch.tensor([1, 2])}
+    raw = bytearray(_stoker.encode_array(batch, 1).tobytes())
+    out = _stoker.decode_buffer(raw)
+    with pytest.raises(BufferError):
+        raw.extend(b"more")  # would move the memory the views read
+    assert torch.equal(out["x"], batch["x"])
+    del out
+    gc.collect()
+    raw.extend(b"more")  # the last view is gone: the export with it

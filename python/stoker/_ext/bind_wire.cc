@@ -48,13 +48,23 @@ nb::object EncodeArray(nb::handle obj, int mode, nb::handle indices) {
 // every offset is validated against the buffer, tensors are views of it, and the buffer's
 // owner lives as long as the last view. No copy.
 nb::object DecodeBuffer(nb::handle buffer) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
-  uint8_t* data = static_cast<uint8_t*>(view.buf);
-  const size_t size = static_cast<size_t>(view.len);
-  PyBuffer_Release(&view);  // the owner, kept by the lease, keeps the memory
+  // The export is held for as long as any view of the batch lives (the buffer protocol
+  // promises the memory only while it is): the capsule, kept by the lease, releases it when
+  // the lease dies (with the GIL held), and holds a reference to the exporter meanwhile.
+  auto* view = new Py_buffer;
+  if (PyObject_GetBuffer(buffer.ptr(), view, PyBUF_SIMPLE) != 0) {
+    delete view;
+    throw nb::python_error();
+  }
+  nb::capsule exported(view, [](void* p) noexcept {
+    auto* v = static_cast<Py_buffer*>(p);
+    PyBuffer_Release(v);
+    delete v;
+  });
+  uint8_t* data = static_cast<uint8_t*>(view->buf);
+  const size_t size = static_cast<size_t>(view->len);
   std::shared_ptr<Segment> seg(Segment::Borrowed(data, size).release());
-  return DecodeInto(seg, 0, size, false, 0, nb::borrow(buffer));
+  return DecodeInto(seg, 0, size, false, 0, std::move(exported));
 }
 
 // Decodes raw batch bytes (copied into private memory first), validating everything.

@@ -51,11 +51,20 @@ class Supervision:
         self._start_names = start_names
         self._closed = False
         self._close_lock = threading.Lock()
-        self.config = None  # the WorkerConfig workers start with (the iterator's, per epoch)
+        self._config = None  # the WorkerConfig workers start with (the iterator's, per epoch)
         self._beginning = False  # persistent workers are being told a new epoch begins
         self._awaiting: set = set()  # ... and have not answered yet
         self._restarted_meanwhile: set = set()
         self._poll = None  # also looked at while waiting (pending(), poll())
+
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, config) -> None:
+        self._config = config
+        self.workers.config_changed(config)
 
     # -- the end ---------------------------------------------------------------------------------
     @property
@@ -123,8 +132,10 @@ class Supervision:
                 self.start(w)  # fresh, with this epoch's seeds and state
         while waiting:
             ev = self.wait()
-            # A worker restarted meanwhile starts fresh: it is resumed already.
+            # A worker restarted meanwhile starts fresh: it is resumed already. One that cannot
+            # run now (lost with its node) will not answer: when it runs again it starts fresh.
             waiting -= self._restarted_meanwhile
+            waiting -= self._tasks.unavailable
             if isinstance(ev, EpochBegun):
                 waiting.discard(ev.worker)
             elif isinstance(ev, BatchReady):
@@ -157,6 +168,8 @@ class Supervision:
                 slice_s = min(slice_s, max(0.0, deadline - time.monotonic()))
             ev = self.workers.wait(slice_s)
             self._watch.check(self._queued(), hang)
+            if self._tasks.unavailable:  # a worker that runs may have come or got room
+                self._rehome_all()
             if ev is None:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._timeout_error()
@@ -200,28 +213,43 @@ class Supervision:
                         "share cannot move to another worker).", ev.reason, w)
             return
         t.unavailable.add(w)
-        moved = []
-        for task in t.in_flight(w):
+        moved = self._rehome(w)
+        log.warning("stoker: %s; its %d batch(es) went to the other workers, and it joins "
+                    "again when the cluster has room.", ev.reason, moved)
+
+    def _rehome(self, lost: int) -> int:
+        """Moves the tasks of `lost` (a worker that cannot run now) to workers that run, past
+        their usual depth if need be (else they would wait for the lost worker); returns how
+        many moved. What cannot move now (no worker runs) moves when one does (``wait()``)."""
+        t = self._tasks
+        moved = 0
+        for task in t.in_flight(lost):
             to = self._running_worker()
             if to is None:
                 break
             t.move(task, to)
-            moved.append(task)
             t.reissued(task)
             self.send_task(to, task, t.index[task])
-        log.warning("stoker: %s; its %d batch(es) went to the other workers, and it joins "
-                    "again when the cluster has room.", ev.reason, len(moved))
+            moved += 1
+        return moved
+
+    def _rehome_all(self) -> None:
+        for w in sorted(self._tasks.unavailable):
+            self._rehome(w)
 
     def _running_worker(self):
-        """The next worker in turn that runs now (None when none does)."""
+        """The next worker in turn that runs now, else the running one with the fewest tasks
+        (None when none runs)."""
         t = self._tasks
         for _ in range(t.num_workers):
             w = t.pick_worker()
             if w is None:
-                return None
+                break
             if self.workers.has(w):
                 return w
-        return None
+        running = [w for w in range(min(t.limit, t.num_workers))
+                   if t.active[w] and w not in t.unavailable and self.workers.has(w)]
+        return min(running, key=lambda w: t.per_worker[w], default=None)
 
     def _on_ready(self, w: int) -> None:
         t = self._tasks

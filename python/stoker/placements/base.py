@@ -132,6 +132,12 @@ class Workers(abc.ABC):
     def stats(self) -> list[dict]:
         """Per worker: ``id``, ``pid``, ``alive`` and, while it runs, its status."""
 
+    def config_changed(self, config) -> None:
+        """The config a worker started now would get (a new epoch, a new memory share): for a
+        placement that starts workers again by itself (Ray, once the cluster has room); others
+        are given the config with each start and ignore this."""
+        return None
+
     def scale_hint(self) -> str:
         """What would give the workers more room, for the data-stall notice."""
         import os

@@ -101,6 +101,10 @@ class Mixed(Workers):
         return ([e for e in self.local.stats() if e["id"] < self.split]
                 + [e for e in self.remote.stats() if e["id"] >= self.split])
 
+    def config_changed(self, config):
+        self.local.config_changed(config)
+        self.remote.config_changed(config)
+
     def scale_hint(self) -> str:
         return self.remote.scale_hint()
 

@@ -255,6 +255,7 @@ class RayWorkers(Workers):
         self._cap = memory_cap  # bytes of batches held by the user or in flight
         self._held: dict = {}  # id(buffer) -> bytes, while the user holds views of it
         self._closed = False
+        self._config = None  # what a worker started now gets (config_changed)
 
     # -- life ------------------------------------------------------------------------------------
     def _dataset_ref(self, dataset):
@@ -264,6 +265,8 @@ class RayWorkers(Workers):
 
     def start(self, worker_id: int, config) -> None:
         with self._lock:
+            if self._closed:  # shut down (another thread): no actor may outlive it
+                return
             if self._lost.pop(worker_id, None) is not None:
                 self._back.add(worker_id)  # a lost worker started again: WorkerReady once up
         ref = self._dataset_ref(config.dataset)
@@ -271,6 +274,12 @@ class RayWorkers(Workers):
                                        max_restarts=0).remote(
             worker_id, dataclasses.replace(config, dataset=None), ref)
         with self._lock:
+            if self._closed:  # shut down while the actor was being made
+                try:
+                    self._ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
+                return
             self._actors[worker_id] = actor
             self._calls[worker_id] = collections.deque()
             self._ready[worker_id] = actor.ready.remote()
@@ -280,6 +289,7 @@ class RayWorkers(Workers):
             self._leaving.discard(worker_id)
             self._hung.pop(worker_id, None)
             self._snap.pop(worker_id, None)
+            self._live.pop(worker_id, None)  # the last actor's status is not this one's
 
     def _drop(self, worker_id: int) -> None:
         actor = self._actors.pop(worker_id, None)
@@ -334,6 +344,10 @@ class RayWorkers(Workers):
         fmt, payload = protocol.encode_index(index)
         return self._call(worker_id, "task", protocol.MSG_TASK, task, fmt, payload)
 
+    def config_changed(self, config) -> None:
+        with self._lock:
+            self._config = config
+
     def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:
         return self._call(worker_id, "epoch", protocol.MSG_RESUME, epoch, 0, payload)
 
@@ -376,8 +390,13 @@ class RayWorkers(Workers):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             slice_s = _SLICE_S if left is None else min(_SLICE_S, left)
             if refs:
-                done, _ = self._ray.wait(refs, num_returns=1, timeout=slice_s,
+                # every result already in, not only the first: one left uncollected would look
+                # like a worker still loading since it was sent (hang_timeout would kill it)
+                done, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0,
                                          fetch_local=True)
+                if not done:
+                    done, _ = self._ray.wait(refs, num_returns=1, timeout=slice_s,
+                                             fetch_local=True)
             else:
                 time.sleep(slice_s)
                 done = []
@@ -428,7 +447,8 @@ class RayWorkers(Workers):
         with self._lock:
             lost = [w for w, since in self._lost.items() if now - since > 2.0]
         if lost and self._cluster_holds(len(self._actors) + 1) and self._has_room():
-            self.start(lost[0], self._configs[lost[0]])
+            # the config of now (a later epoch's seeds and state), not the one it started with
+            self.start(lost[0], self._config or self._configs[lost[0]])
 
     def _node_alive(self, node_id: str) -> bool:
         """Whether the node is still in the cluster (Ray notices a lost node within about a
@@ -466,22 +486,36 @@ class RayWorkers(Workers):
             q = self._calls.get(w)
             if not q or q[0][0] is not ref:
                 return
-            _, kind, task, _ = q.popleft()
+            _, kind, task, _ = q[0]
+        # the call leaves the queue only once its result is in hand: an interrupt (Ctrl+C)
+        # during get() leaves it there, to be collected again
         try:
             messages, snap = self._ray.get(ref)
-        except self._ray.exceptions.RayActorError as e:
-            self._died(w, e, task if kind == "task" else None)
-            return
-        except Exception as e:  # the call itself failed (a bug in stoker's actor)
-            self._died(w, e, task if kind == "task" else None)
+        except Exception as e:  # the actor died (RayActorError), or the call itself failed
+            if self._pop_call(w, ref):
+                self._died(w, e, task if kind == "task" else None)
             return
         with self._lock:
+            if not self._pop_call_locked(w, ref):
+                return
             self._snap[w] = snap
+            self._live.pop(w, None)  # older than the result just in
             self._done_at[w] = time.monotonic()
         for mtype, t, a, payload in messages:
             ev = _event(w, mtype, t, a, payload, self)
             if ev is not None:
                 self._events.append(ev)
+
+    def _pop_call(self, w: int, ref) -> bool:
+        with self._lock:
+            return self._pop_call_locked(w, ref)
+
+    def _pop_call_locked(self, w: int, ref) -> bool:
+        q = self._calls.get(w)
+        if not q or q[0][0] is not ref:
+            return False
+        q.popleft()
+        return True
 
     def _died(self, w: int, error, task=None) -> None:
         with self._lock:

@@ -157,6 +157,11 @@ def _from_version_1(sd: dict) -> dict:
     """A stoker 0.1 state in today's form: each stream state was a pickle (of plain data when
     stoker made it); it is read as plain values only, and a pickle that holds anything else
     is refused before any of it is built."""
+    later = sorted(k for k in ("digest", "sampler_states", "sampler_states_now") if k in sd)
+    if later:  # a later state relabelled as version 1 would skip the digest's check
+        raise StateMismatchError(
+            f"stoker: this state says version 1 but has {', '.join(later)}, which version 1 "
+            "never had: it was edited or made by another tool. Nothing was loaded.")
     out = {k: v for k, v in sd.items() if k != "version"}
     states = []
     for pair in sd.get("worker_states") or ():
@@ -175,6 +180,11 @@ def _from_version_1(sd: dict) -> dict:
                     f"stoker: worker {w}'s stream state in this version-1 state cannot be "
                     f"loaded safely: {e}. A checkpoint is data: it may not name classes or "
                     "functions. Resume with stoker 0.1, or start the epoch afresh.") from None
+        elif raw is not None:
+            raise StateMismatchError(
+                f"stoker: worker {w}'s stream state in this version-1 state is "
+                f"{type(raw).__name__}; version 1 saved each one as bytes (or None). Nothing "
+                "was loaded.")
         states.append((w, raw))
     out["worker_states"] = tuple(states)
     # (the first 0.1 builds saved neither an explicit order nor stream states)

@@ -140,7 +140,7 @@ def check_against(st: State, loader) -> None:
                 "an int (this loader's sampler has set_epoch)" if has_epoch else
                 "None (this loader's sampler has no set_epoch)")
     paths = {p for p, _ in _order.stateful_samplers(loader)}
-    for name in ("sampler_states",) if st.finished else ("sampler_states", "sampler_states_now"):
+    for name in ("sampler_states", "sampler_states_now"):  # a finished epoch resumes from _now
         v = getattr(st, name)
         _expect(set(v) <= paths, name, v,
                 f"states of this loader's stateful samplers ({sorted(paths) or 'none'})")
