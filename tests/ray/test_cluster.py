@@ -253,4 +253,8 @@ def test_a_lost_node_with_no_room_hands_its_batches_to_the_others(cluster):
     second_epoch = labels(loader)
     assert second_epoch == list(range(400))
     assert wait_until(lambda ld=loader: all(w["alive"] for w in ld.stats()["workers"]), 30)
+    before = {w["id"]: w.get("batches", 0) for w in loader.stats()["workers"]}
+    assert labels(loader) == list(range(400))
+    took = {w["id"]: w.get("batches", 0) - before[w["id"]] for w in loader.stats()["workers"]}
+    assert all(n > 0 for n in took.values()), took  # the returned worker takes its share
     del it, loader
