@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import protocol
+
 
 class Event:
     __slots__ = ("worker", "task")
@@ -135,3 +137,22 @@ class WorkerExited:
     outside: bool  # a SIGKILL that neither the loader nor the OOM killer explains
     task: int | None = None  # the task it was working on, and the position of the sample in
     position: int | None = None  # it: they name a sample whose index is not an int
+
+
+def from_message(worker: int, mtype: int, task: int, a: int, payload, batch):
+    """The event of one worker message (``protocol.MSG_*``, its task, its `a` field, its
+    payload); `batch` is what a ``BatchReady`` carries (the placement's handle on the batch's
+    bytes). None for a message that is no event."""
+    if mtype == protocol.MSG_BATCH:
+        return BatchReady(worker, task, batch)
+    if mtype == protocol.MSG_ITER_STATE:
+        return StreamState(worker, task, protocol.decode_stream_state(payload))
+    if mtype == protocol.MSG_SKIPPED:
+        return SamplesSkipped(worker, task, protocol.decode_skipped(payload), a == 1)
+    if mtype == protocol.MSG_ERROR:
+        return TaskFailed(worker, task, protocol.decode_error(payload))
+    if mtype == protocol.MSG_END:
+        return StreamEnded(worker, task)
+    if mtype == protocol.MSG_RESUMED:
+        return EpochBegun(worker, task)
+    return None

@@ -53,6 +53,7 @@ from ..placements.choose import workers_for
 from ..resume.cursor import Cursor
 from . import exit as _exit
 from .failure import WorkerFailure
+from .handout import Handout
 from .recovery import Recovery
 from .starting import context_for
 from .stats import IterStats
@@ -95,7 +96,6 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._collate_mode = _collate_mode(loader)
         self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
         self._discard = 0
-        self._replaying = False  # dropping batches delivered before a resume
         n = self._num_workers
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
@@ -131,6 +131,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         # pin_memory: slots page-locked once; device: batches copied ahead (gpu/).
         self._mile = last_mile(loader.pin_memory, options.device, self._next_host)
         self._stage = self._mile.stage if self._mile is not None else None
+        self._handout = Handout(self._stage)  # when outcomes are recorded
         if self._mile is not None:
             self._sup.poll_while_waiting(self._mile)
         try:
@@ -274,11 +275,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            self._replaying = True  # delivered before the checkpoint: nothing is recorded
-            try:
-                self._next_host()
-            finally:
-                self._replaying = False
+            self._handout.drop(self._next_host)  # delivered before the checkpoint
             self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
@@ -292,21 +289,13 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             return self._stage.next()
         return self._next_host()
 
-    def _at_handout(self, fn, *args) -> None:
-        """Runs what must happen as an outcome reaches the user: now, or (with a device stage)
-        when the batch pulled next is handed out."""
-        if self._stage is not None and not self._replaying:
-            self._stage.defer(fn, *args)
-        else:
-            fn(*args)
-
     def _next_host(self):
         """The next batch as host tensors (views of its slot), in torch's order."""
         t = self._tasks
         while True:
             nxt = t.worker_of_next()
             if nxt is None:
-                self._at_handout(self._cursor.finished)
+                self._handout.later(self._cursor.finished)
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
@@ -322,7 +311,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             t.received(task)
             if isinstance(data, StreamEnded):
                 # skipped before the stream ended: recorded in their turn
-                self._at_handout(self._record_skips, t.take_skips(task))
+                self._handout.later(self._record_skips, t.take_skips(task))
                 if self._persistent_workers:
                     t.active[data.worker] = False
                 else:
@@ -348,7 +337,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _process_data(self, data, worker_id, task):
         self._tasks.done(worker_id)
-        self._at_handout(self._delivered, task, self._tasks.take_skips(task))
+        self._handout.later(self._delivered, task, self._tasks.take_skips(task))
         self._try_put_index()
         if data is NO_BATCH:
             return NO_BATCH
@@ -368,7 +357,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _record_skips(self, skips) -> None:
         """Skipped samples are recorded as their batch's outcome reaches the user; a batch
         dropped after a resume was delivered before it, and its skips recorded then."""
-        if self._replaying:
+        if self._handout.replaying:
             return
         for index, reason in skips:
             self._recovery.record_skip(index, reason, self._board)

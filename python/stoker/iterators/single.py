@@ -15,6 +15,7 @@ from ..engine import stream_state
 from ..engine.fetch import ITERABLE, MAP, AllSkipped, Fetcher
 from ..gpu import last_mile
 from ..resume.cursor import Cursor
+from .handout import Handout
 
 
 class PolicyFetcher:
@@ -67,10 +68,10 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if options.on_error != "raise" or self._seeder is not None:
             self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
         self._discard = 0
-        self._replaying = False  # dropping batches delivered before a resume
         # device: batches copied ahead on a side stream (gpu/); torch's iterator pins.
         self._mile = last_mile(False, options.device, self._next_host)
         self._stage = self._mile.stage if self._mile is not None else None
+        self._handout = Handout(self._stage)  # when outcomes are recorded
         self._begin_epoch()
 
     def _begin_epoch(self):
@@ -114,11 +115,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             self._reset(self._cursor.loader)
         while self._discard > 0:  # IterableDataset: batches received before the resume
             self._discard -= 1
-            self._replaying = True  # delivered before the checkpoint: nothing is recorded
-            try:
-                self._next_host()
-            finally:
-                self._replaying = False
+            self._handout.drop(self._next_host)  # delivered before the checkpoint
             self._num_yielded += 1
         return super().__next__()
 
@@ -126,14 +123,6 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if self._stage is not None:
             return self._stage.next()
         return self._next_host()
-
-    def _at_handout(self, fn, *args) -> None:
-        """Runs `fn(*args)` as the outcome reaches the user: now, or (with a device stage) when
-        the batch pulled next is handed out."""
-        if self._stage is not None and not self._replaying:
-            self._stage.defer(fn, *args)
-        else:
-            fn(*args)
 
     def _next_host(self):
         while True:
@@ -143,7 +132,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
                 self._drawn()
                 continue
             except StopIteration:
-                self._at_handout(self._cursor.finished)
+                self._handout.later(self._cursor.finished)
                 raise
             except Exception:
                 self._drawn()  # the user gets this batch's error
@@ -159,10 +148,10 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             state = stream_state.capture(self._dataset, *self._stream())
         f = self._dataset_fetcher
         skips = f.take_skips() if isinstance(f, PolicyFetcher) else ()
-        self._at_handout(self._delivered, self._cursor.here(), state, skips)
+        self._handout.later(self._delivered, self._cursor.here(), state, skips)
 
     def _delivered(self, pos: int, state, skips) -> None:
         self._cursor.delivered_here(pos)
         self._cursor.stream_state_here(state)
-        if skips and not self._replaying:  # (a replayed batch's were recorded before)
+        if skips and not self._handout.replaying:  # (a replayed batch's were recorded before)
             self._dataset_fetcher.record(skips)

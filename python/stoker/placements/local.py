@@ -26,15 +26,7 @@ import warnings
 from .. import _stoker, _system
 from .._errors import EngineError
 from ..engine import deaths, fdpass, protocol
-from ..engine.events import (
-    BatchReady,
-    EpochBegun,
-    SamplesSkipped,
-    StreamEnded,
-    StreamState,
-    TaskFailed,
-    WorkerExited,
-)
+from ..engine.events import WorkerExited, from_message
 from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
 from .base import Hung, Workers
 
@@ -326,16 +318,4 @@ def _event(ev):
     """The Supervisor's ("message", worker, type, task, a, b, c, payload, pending) as an event;
     None for what is no event (a log descriptor the Supervisor kept)."""
     _, worker, mtype, task, a, _b, _c, payload, pending = ev
-    if mtype == protocol.MSG_BATCH:
-        return BatchReady(worker, task, pending)
-    if mtype == protocol.MSG_ITER_STATE:
-        return StreamState(worker, task, protocol.decode_stream_state(payload))
-    if mtype == protocol.MSG_SKIPPED:
-        return SamplesSkipped(worker, task, protocol.decode_skipped(payload), a == 1)
-    if mtype == protocol.MSG_ERROR:
-        return TaskFailed(worker, task, protocol.decode_error(payload))
-    if mtype == protocol.MSG_END:
-        return StreamEnded(worker, task)
-    if mtype == protocol.MSG_RESUMED:
-        return EpochBegun(worker, task)
-    return None
+    return from_message(worker, mtype, task, a, payload, pending)

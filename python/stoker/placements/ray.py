@@ -38,17 +38,7 @@ import weakref
 from .. import _stoker
 from .._errors import FallbackRequired
 from ..engine import protocol
-from ..engine.events import (
-    BatchReady,
-    EpochBegun,
-    SamplesSkipped,
-    StreamEnded,
-    StreamState,
-    TaskFailed,
-    WorkerExited,
-    WorkerLost,
-    WorkerReady,
-)
+from ..engine.events import WorkerExited, WorkerLost, WorkerReady, from_message
 from ..engine.worker import WorkerLoop
 from .base import Hung, Workers
 
@@ -502,7 +492,8 @@ class RayWorkers(Workers):
             self._live.pop(w, None)  # older than the result just in
             self._done_at[w] = time.monotonic()
         for mtype, t, a, payload in messages:
-            ev = _event(w, mtype, t, a, payload, self)
+            batch = _Batch(payload, self) if mtype == protocol.MSG_BATCH else None
+            ev = from_message(w, mtype, t, a, payload, batch)
             if ev is not None:
                 self._events.append(ev)
 
@@ -644,20 +635,6 @@ class RayWorkers(Workers):
         return out
 
 
-def _event(w, mtype, task, a, payload, owner):
-    if mtype == protocol.MSG_BATCH:
-        return BatchReady(w, task, _Batch(payload, owner))
-    if mtype == protocol.MSG_ITER_STATE:
-        return StreamState(w, task, protocol.decode_stream_state(payload))
-    if mtype == protocol.MSG_SKIPPED:
-        return SamplesSkipped(w, task, protocol.decode_skipped(payload), a == 1)
-    if mtype == protocol.MSG_ERROR:
-        return TaskFailed(w, task, protocol.decode_error(payload))
-    if mtype == protocol.MSG_END:
-        return StreamEnded(w, task)
-    if mtype == protocol.MSG_RESUMED:
-        return EpochBegun(w, task)
-    return None
 
 
 def _name_death(error, w, info, hung):
