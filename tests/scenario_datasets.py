@@ -304,3 +304,48 @@ class Wide(Dataset):
         if i == self.bad:
             raise ValueError(f"cannot decode sample {i}")
         return {"x": torch.full((self.width,), float(i)), "y": i}
+
+
+class Arrays(Dataset):
+    """`mb` MiB of NumPy arrays held in memory (what spawn must not copy into every worker).
+    Each sample: the first values of its array, whether the worker may write to it, and the
+    worker's pid. `write`: a sample also writes into its array (it stays the worker's own).
+    Counts, in a file of `marks`, how many times the main process pickled it."""
+
+    def __init__(self, mb=64, n=64, marks=None, write=False):
+        rng = np.random.default_rng(0)
+        self.arrays = [rng.integers(0, 1000, mb * 2**20 // n // 8) for _ in range(n)]
+        self.marks = marks
+        self.write = write
+
+    def __getstate__(self):
+        if self.marks is not None:
+            with open(os.path.join(self.marks, "pickled"), "a") as f:
+                f.write(f"{os.getpid()}\n")
+        return self.__dict__
+
+    def __len__(self):
+        return len(self.arrays)
+
+    def __getitem__(self, i):
+        a = self.arrays[i]
+        if self.write:
+            a[1] = -1
+        return torch.from_numpy(a[:4].copy()), a.flags.writeable, os.getpid()
+
+
+class Reports(Dataset):
+    """Tells the main process through multiprocessing's own objects: each sample puts its
+    worker's pid on `queue` and adds one to `counter` (an mp.Value); values come from `items`."""
+
+    def __init__(self, queue, counter, items):
+        self.queue, self.counter, self.items = queue, counter, items
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        with self.counter.get_lock():
+            self.counter.value += 1
+        self.queue.put(os.getpid())
+        return self.items[i]

@@ -28,7 +28,9 @@ def _rebuild_tensor(dtype_name, shape, raw, device, requires_grad):
     return t
 
 
-class _Pickler(pickle.Pickler):
+class Pickler(pickle.Pickler):
+    """``pickle.Pickler`` with the tensor rule above (subclassed by ``engine.sealed``)."""
+
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
         if torch is None or type(obj) is not torch.Tensor or obj.layout != torch.strided:
@@ -45,5 +47,5 @@ class _Pickler(pickle.Pickler):
 
 def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf, protocol=protocol).dump(obj)
+    Pickler(buf, protocol=protocol).dump(obj)
     return buf.getvalue()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import weakref
 from collections.abc import Iterable, Sequence
 from multiprocessing import reduction
 
@@ -56,6 +57,7 @@ class SharedList(Sequence):
 
     def _attach(self, fd: int) -> None:
         self._fd = fd
+        weakref.finalize(self, os.close, fd)  # the mapping outlives it; the descriptor need not
         size = os.fstat(fd).st_size
         self._view(mmap.mmap(fd, size, prot=mmap.PROT_READ))
 

@@ -19,6 +19,7 @@ Runs in the worker process, on its main thread.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import gc
 import os
@@ -30,6 +31,7 @@ from .. import _stoker
 from .._errors import EngineError
 from . import fdpass, protocol
 from . import worker as _loop
+from .sealed import Opened
 from .worker import WorkerConfig, WorkerLoop
 
 # faulthandler dumps every thread's stack on this signal: the main process asks for it when a
@@ -92,9 +94,11 @@ def _share_logs(endpoint) -> None:
 
 
 def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
-                parent_pid: int, loader_token: int) -> None:
+                parent_pid: int, loader_token: int, sealed: Opened | None = None) -> None:
     """The process's target. `parent_pid`: the process whose exit ends this one (0: only the
-    channel's EOF); `loader_token`: names the status page after the loader's board."""
+    channel's EOF); `loader_token`: names the status page after the loader's board; `sealed`
+    (spawn and forkserver): the memfd holding the dataset, collate_fn and worker_init_fn that
+    `config` then lacks."""
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd = channel.fd
@@ -108,6 +112,13 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
         # The crash log first: once the main process sees a status page, it may ask for a
         # stack (DUMP_SIGNAL), which faulthandler must be ready to answer.
         _share_logs(endpoint)
+        if sealed is not None:
+            # Before the status page: a dataset that cannot be unpickled here is a worker that
+            # died while starting, with its traceback on stderr.
+            dataset, collate_fn, init_fn = sealed.load()
+            config = dataclasses.replace(config, dataset=dataset, collate_fn=collate_fn,
+                                         init_fn=init_fn)
+            gc.freeze()  # the dataset's objects too: the collector never writes their pages
         endpoint.open_status(loader_token)
     except EngineError:
         if _main_gone(fd):

@@ -17,6 +17,7 @@ Workers are not tied to the thread that started them: they die with the main *pr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -28,6 +29,7 @@ from .._errors import EngineError
 from ..engine import deaths, fdpass, protocol
 from ..engine.events import WorkerExited, from_message
 from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
+from ..engine.sealed import Sealed
 from .base import Hung, Workers
 
 # How long to wait for a dead or stopped worker to be reaped.
@@ -67,6 +69,9 @@ class LocalProcesses(Workers):
         self._hung: dict[int, Hung] = {}  # killed on purpose, for a hang
         self._oom_before = _system.oom_kills()
         self._closed = False
+        # spawn/forkserver: (dataset, collate_fn, worker_init_fn) and the one memfd every worker
+        # started from them maps (engine/sealed.py): pickled once, not once per worker.
+        self._sealed: tuple[tuple, Sealed] | None = None
 
     # -- life ------------------------------------------------------------------------------------
     def start_all(self, count: int, config) -> None:
@@ -86,7 +91,32 @@ class LocalProcesses(Workers):
                 RuntimeWarning, stacklevel=6,
             )
 
+    def _sealed_for(self, config) -> Sealed:
+        """The memfd of `config`'s dataset, collate_fn and worker_init_fn, made at the first
+        start that needs it and kept for restarts; made again only when one of them is another
+        object (never for a new epoch of the same loader)."""
+        key = (config.dataset, config.collate_fn, config.init_fn)
+        with self._lock:
+            if self._sealed is not None and all(a is b for a, b in zip(self._sealed[0], key)):
+                return self._sealed[1]
+        sealed = Sealed(key)  # outside the lock: pickling a large dataset takes a while
+        fdpass.track(*sealed.fds())
+        with self._lock:
+            old, self._sealed = self._sealed, (key, sealed)
+        if old is not None:
+            self._close_sealed(old[1])
+        return sealed
+
+    @staticmethod
+    def _close_sealed(sealed: Sealed) -> None:
+        fdpass.untrack(*sealed.fds())
+        sealed.close()
+
     def start(self, worker_id: int, config) -> None:
+        sealed = None
+        if self.start_method != "fork":
+            sealed = self._sealed_for(config)
+            config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)
         main_end, child_end = _stoker.channel_pair()
         fdpass.track(main_end, child_end)
         try:
@@ -95,7 +125,7 @@ class LocalProcesses(Workers):
                 args=(fdpass.ChannelFd(child_end), worker_id, config,
                       # The worker checks that its parent is still there; under forkserver its
                       # parent is the fork server, not this process (the channel covers us).
-                      parent_pid_for(self.start_method), self._token),
+                      parent_pid_for(self.start_method), self._token, sealed),
                 daemon=True,
             )
             proc.start()
@@ -137,6 +167,9 @@ class LocalProcesses(Workers):
             for w in range(self.num_workers):
                 self._sup.remove_worker(w)  # closing the channel ends the worker
             self._procs = [None] * self.num_workers
+            sealed, self._sealed = self._sealed, None
+        if sealed is not None:
+            self._close_sealed(sealed[1])
         deadline = time.monotonic() + EXIT_GRACE_S
         for proc in procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
