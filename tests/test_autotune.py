@@ -122,6 +122,53 @@ def test_idle_workers_are_retired_after_two_quiet_windows_and_not_when_busy():
     assert _run(one, [_window(stall=0.0, busy=0.0)] * 4) == [1] * 4
 
 
+# -- the first look -------------------------------------------------------------------------------
+def _costs(per_batch_busy, per_batch_cpu, own, main_cpu=None, cpus=16, batches=100, seconds=1.0):
+    """A first window of `batches` batches: each takes a worker `per_batch_busy` s (of which
+    `per_batch_cpu` on a CPU) and the loop `own` s of its own; the rest it waited."""
+    main_cpu = own if main_cpu is None else main_cpu
+    return _autotune.Window(
+        seconds=seconds, waited_s=seconds - own * batches, main_cpu_s=main_cpu * batches,
+        worker_cpu_s=per_batch_cpu * batches, worker_busy_s=per_batch_busy * batches,
+        usable_cpus=cpus, worker_rss=100 << 20, slot_bytes_per_worker=0, memory_headroom=None,
+        memory_limit=None, workers=1, batches=batches, first=True)
+
+
+def test_needed_keeps_up_with_the_loop_within_the_cpus():
+    # 10 ms of CPU a batch in a worker, 1 ms in the loop: 10 workers keep up, 16 CPUs fit them
+    assert _autotune.needed(_costs(0.010, 0.010, 0.001)) == 10
+    # a loop that takes 5 ms a batch needs 2 such workers
+    assert _autotune.needed(_costs(0.010, 0.010, 0.005, batches=100)) == 2
+    # 4 CPUs: 11 ms of CPU a batch allows 364 batches/s, which 4 workers make
+    assert _autotune.needed(_costs(0.010, 0.010, 0.001, cpus=4)) == 4
+    # workers waiting on I/O (1 ms of CPU in 10 ms): as many as keep up, never more than CPUs
+    assert _autotune.needed(_costs(0.010, 0.001, 0.001, cpus=4)) == 4
+    assert _autotune.needed(_costs(0.010, 0.001, 0.004, cpus=16)) == 3
+
+
+def test_the_first_look_goes_straight_to_the_count_needed():
+    t = _autotune.Tuner(bound=16, initial=8)
+    assert t.decide(_costs(0.010, 0.010, 0.001), 5) == 10
+    assert "8 -> 10 workers at the first look" in t.reason
+    # later windows go one at a time again (the one after a change is not judged)
+    assert _run(t, [_window(stall=0.6, busy=1.0, worker_cpu=1.0, cpus=16)] * 3) == [10, 11, 11]
+    # no wait at the first look: nothing to add
+    calm = _autotune.Tuner(bound=16, initial=8)
+    assert calm.decide(_costs(0.010, 0.010, 0.009), 5) == 8
+    # the memory limit holds one more worker only
+    short = _autotune.Tuner(bound=16, initial=8)
+    w = _costs(0.010, 0.010, 0.001)
+    w.memory_limit, w.memory_headroom = 8 * GiB, int(0.8 * GiB) + (150 << 20)
+    assert short.decide(w, 5) == 9
+
+
+def test_a_fresh_loader_starts_two_workers_at_least():
+    assert _autotune.Tuner(bound=2).active == 2
+    assert _autotune.Tuner(bound=3).active == 2
+    assert _autotune.Tuner(bound=16).active == 8
+    assert _autotune.Tuner(bound=1).active == 1
+
+
 # -- a live loader -----------------------------------------------------------------------------------
 class SlowRandom(torch.utils.data.Dataset):
     """Slow samples whose value is drawn from torch's generator (per-sample seeding fixes it)."""
@@ -153,6 +200,31 @@ def test_a_slow_dataset_gains_workers_and_delivers_every_sample_once_in_order(mo
     fixed = _epoch(stoker.DataLoader(SlowRandom(), batch_size=2, num_workers=2,
                                      seed="per_sample"))
     assert torch.equal(got, fixed)  # the same values, whichever worker loaded them
+
+
+def test_the_first_look_adds_the_workers_within_a_few_batches(monkeypatch):
+    monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
+    dl = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers="auto")
+    assert sorted(_epoch(dl)[:, 0].tolist()) == list(range(240))
+    first = dl.stats()["autotune"]["decisions"][1]
+    # the loop waited: 5 ms samples, a loop with nothing to do; 4 CPUs fit 4
+    assert first["active"] == 4 and "first look" in first["reason"], first
+    assert first["batch"] <= 8, first
+
+
+def test_the_next_loader_of_a_dataset_starts_where_the_last_one_ended(monkeypatch):
+    monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
+    ds = SlowRandom()
+    a = stoker.DataLoader(ds, batch_size=2, num_workers="auto")
+    list(a)
+    learnt = a.stats()["autotune"]["active_workers"]
+    b = stoker.DataLoader(ds, batch_size=2, num_workers="auto")
+    list(b)
+    start = b.stats()["autotune"]["decisions"][0]
+    assert start["active"] == learnt and "last loader of this dataset" in start["reason"], start
+    c = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers="auto")  # another dataset
+    list(c)
+    assert c.stats()["autotune"]["decisions"][0]["active"] == 2
 
 
 def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypatch):
@@ -479,6 +551,7 @@ def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
 
     class Stats:
         waited_s = 0.0
+        yielded = 0
 
     workers, stats = Workers(), Stats()
     m = _measure.Measure(stats, workers, usable_cpus=2, shared_memory_share=64 << 20)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .. import _system
+from . import memory
 from .measure import Measure
 from .tuner import Tuner
 
@@ -48,13 +49,19 @@ def wanted(options, map_style: bool, num_workers: int) -> tuple[bool, bool]:
 
 class Controller:
     def __init__(self, records, board, stats, workers, *, num_workers: int,
-                 depth: int, tune_workers: bool, tune_depth: bool):
+                 depth: int, tune_workers: bool, tune_depth: bool, dataset=None):
         """A tuner for an iterator: it starts with the first ``initial_workers`` workers and
         ``initial_depth``; an earlier iterator of this loader (its `records`) left what it
-        learnt, and this one starts from there."""
+        learnt, and this one starts from there; without one, from what the latest loader of
+        `dataset` in this process learnt (``memory``)."""
         self._records = records
         self._board = board
+        self._dataset = dataset
         prev = records.autotune
+        where = "where the last epoch ended"
+        if not prev and dataset is not None:
+            prev = memory.recall(dataset)
+            where = "where the last loader of this dataset ended"
         same = bool(prev) and prev["max_workers"] == num_workers
         initial = prev["active_workers"] if same and tune_workers else None
         start_depth = None
@@ -63,13 +70,19 @@ class Controller:
         self.tuner = Tuner(num_workers, initial, tune_workers=tune_workers, depth=start_depth)
         t = self.tuner
         if prev and (initial is not None or (prev or {}).get("prefetch_factor")):
-            t.reason = t.decisions[0].reason = t.reason + " (where the last epoch ended)"
+            t.reason = t.decisions[0].reason = t.reason + f" ({where})"
         if t.depth is not None:
             board.set("prefetch_factor", t.depth)
         if tune_workers:
             board.set("active_workers", t.active)
-        records.autotune = t.snapshot()
+        self._keep()
         self.measure = Measure(stats, workers, _system.usable_cpus())
+
+    def _keep(self) -> None:
+        snap = self.tuner.snapshot()
+        self._records.autotune = snap
+        if self._dataset is not None:
+            memory.keep(self._dataset, snap)
 
     def set_memory_share(self, share: int | None) -> None:
         """Each worker's part of max_shared_memory now (the depth must fit in it)."""
@@ -83,8 +96,8 @@ class Controller:
     def initial_depth(self) -> int | None:
         return self.tuner.depth
 
-    def due(self) -> bool:
-        return self.measure.due()
+    def due(self, target: Tunable) -> bool:
+        return self.measure.due(target.taking())
 
     def restart_window(self, target: Tunable) -> None:
         self.measure.restart(target.taking())
@@ -102,7 +115,7 @@ class Controller:
                                                  and t.depth != target.depth()):
             self._apply(target, active, t.depth)
         elif len(t.decisions) != noted:  # a decision not to change (the memory budget)
-            self._records.autotune = t.snapshot()
+            self._keep()
 
     def _apply(self, target: Tunable, active: int, depth: int | None) -> None:
         target.set_workers(active)
@@ -111,7 +124,7 @@ class Controller:
         if depth is not None:
             target.set_depth(depth)
             self._board.set("prefetch_factor", depth)
-        self._records.autotune = self.tuner.snapshot()
+        self._keep()
         self.restart_window(target)
         target.refill()
 

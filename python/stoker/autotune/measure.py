@@ -17,6 +17,9 @@ from .. import _system
 from .tuner import Window
 
 WINDOW_S = 0.25  # the tuner looks this often (and after at least one batch)
+# The first look (tuner.py): this many batches after the first one the loop received (the wait
+# for the first one is start-up, not a shortage of workers).
+FIRST_BATCHES = 4
 
 
 class Measure:
@@ -28,6 +31,7 @@ class Measure:
         self._cpus = usable_cpus
         self.share = shared_memory_share  # each worker's part of max_shared_memory (None: none)
         self._last = None
+        self._first = "waiting"  # the first look: "waiting" for batch 1, "due", then None
 
     def _now(self, ids):
         busy = 0.0
@@ -45,19 +49,30 @@ class Measure:
             if pid is not None:
                 cpu += self._workers.cpu_seconds(w)
         return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
-                tuple(ids), tuple(pids))
+                tuple(ids), tuple(pids), self._stats.yielded)
 
     def restart(self, ids) -> None:
         """Starts a window (after a change: the new worker's counters start from here)."""
         self._last = self._now(ids)
 
-    def due(self) -> bool:
+    def due(self, ids=()) -> bool:
+        """A window is over. `ids`: the workers taking tasks (the first look starts its window
+        at the first batch, over them)."""
+        if self._first == "waiting":
+            if self._stats.yielded >= 1:
+                self._last = self._now(ids)
+                self._first = "due"
+            return False
+        if self._first == "due":
+            return self._last is not None and \
+                self._stats.yielded - self._last[8] >= FIRST_BATCHES
         return self._last is None or time.monotonic() - self._last[0] >= WINDOW_S
 
     def window(self, ids) -> Window | None:
         """The window since the last one, over workers `ids` (those that take tasks)."""
         now = self._now(ids)
         last, self._last = self._last, now
+        first, self._first = self._first == "due", None
         if last is None or now[1] < last[1] or now[6:8] != last[6:8]:
             # a new epoch reset the counters, a stream's worker ended, or a worker was
             # restarted (its counters start from zero: the window would read as idle workers
@@ -74,4 +89,5 @@ class Measure:
             slot_bytes_per_worker=mapped // started,
             memory_headroom=headroom, memory_limit=limit, workers=len(ids),
             slot_bytes=mapped // slots if slots else 0, shared_memory_share=self.share,
+            batches=max(0, now[8] - last[8]), first=first,
         )

@@ -13,6 +13,15 @@ starts ``initial`` of them and sends tasks to the first ``active`` workers only.
   one worker fewer with room to spare, two windows in a row: one worker fewer (it keeps its
   process, idle, and is the first one added back).
 
+The first look. A short epoch (a validation pass, a small dataset: well under a second) is over
+before one worker a window has climbed far. So the first window is short (``measure.FIRST_
+BATCHES`` batches from the first one delivered) and judged differently: from what one batch costs
+(the workers' busy time and CPU per batch, the main process's own time and CPU per batch) the
+tuner computes the count that keeps up with the loop within the CPUs (``needed``) and goes there
+at once; later windows then refine it one worker at a time. What it decided is kept: the next
+epoch of the loader starts there, and so does the next loader of the same dataset in this
+process (``memory.py``).
+
 Depth (prefetch_factor, tasks in flight per worker). It starts at torch's 2 and is judged over
 longer windows (``DEPTH_WINDOW_S``: a queue's worth shows over several batches):
 
@@ -45,6 +54,7 @@ Thread contract: a Tuner belongs to the iterating thread; ``snapshot`` returns p
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from .. import _system
@@ -81,6 +91,8 @@ class Window:
     memory_headroom: int | None  # bytes left before the limit (None: unknown)
     memory_limit: int | None
     workers: int = 0  # workers that took tasks (0: unknown)
+    batches: int = 0  # batches the loop received during the window (0: unknown)
+    first: bool = False  # the first look (see the module doc)
     slot_bytes: int = 0  # the mean size of one slot (one batch), 0 when none yet
     shared_memory_share: int | None = None  # max_shared_memory per worker (None: no cap)
 
@@ -106,7 +118,9 @@ class Tuner:
         self.tune_workers = tune_workers
         if not tune_workers:
             initial = self.bound
-        self.active = initial if initial is not None else max(1, self.bound // 2)
+        # Half the CPUs, and at least two: one worker cannot hide a single slow sample, and a
+        # short first epoch is over before a second one would have started and warmed up.
+        self.active = initial if initial is not None else max(2, self.bound // 2)
         self.active = min(self.bound, max(1, self.active))
         # a starting depth above MAX_DEPTH (the user's own prefetch_factor under enable()) is
         # kept: the tuner only grows up to MAX_DEPTH and shrinks for memory
@@ -134,6 +148,8 @@ class Tuner:
             return self.active
         if w.seconds <= 0:
             return self.active
+        if w.first:
+            return self._first_look(w, batch) if self.tune_workers else self.active
         if self.depth is not None:
             if self._decide_depth(w, batch):
                 return self.active
@@ -194,6 +210,32 @@ class Tuner:
                     return self.active
                 return self.active
         self._quiet_windows = 0
+        return self.active
+
+    def _first_look(self, w: Window, batch: int) -> int:
+        """Straight to the count one batch's costs call for, when the loop waited."""
+        stall = w.waited_s / w.seconds
+        if stall <= ADD_STALL or not w.batches or self.active >= self.bound:
+            return self.active
+        k = min(self.bound, needed(w))
+        if k <= self.active:
+            return self.active
+        if w.memory_headroom is not None and w.memory_limit:
+            per = w.worker_rss + w.slot_bytes_per_worker
+            room = (w.memory_headroom - MEMORY_MARGIN * w.memory_limit) // max(1, per)
+            k = min(k, self.active + max(0, int(room)))
+        share = w.shared_memory_share
+        if share is not None and w.slot_bytes_per_worker:
+            while k > self.active and share * self.active // k < w.slot_bytes_per_worker:
+                k -= 1
+        if k <= self.active:
+            return self.active
+        per_batch = w.worker_busy_s / w.batches
+        step = (w.seconds - w.waited_s) / w.batches
+        self._change(batch, k, self.depth, (
+            f"{self.active} -> {k} workers at the first look: a batch takes a worker "
+            f"{1e3 * per_batch:.1f} ms and the loop {1e3 * step:.1f} ms of its own, it waited "
+            f"{100 * stall:.0f}% of the time, and {w.usable_cpus} CPUs fit {k}"))
         return self.active
 
     # -- depth -----------------------------------------------------------------------------------
@@ -270,6 +312,21 @@ class Tuner:
             "decisions": [{"batch": d.batch, "active": d.active, "prefetch_factor":
                            d.prefetch_factor, "reason": d.reason} for d in self.decisions],
         }
+
+
+def needed(w: Window) -> int:
+    """The workers that keep up with the loop within the CPUs, from one window's costs per
+    batch: the loop takes a batch every `step` seconds of its own; `k` workers make one every
+    busy/k; together they may use at most the usable CPUs (workers that wait on I/O use less
+    CPU than busy time, and more of them fit)."""
+    n = max(1, w.batches)
+    busy = w.worker_busy_s / n
+    step = max(1e-6, (w.seconds - w.waited_s) / n)
+    cpu = (w.main_cpu_s + w.worker_cpu_s) / n  # CPU seconds the pipeline spends on a batch
+    rate = 1.0 / step
+    if cpu > 0:
+        rate = min(rate, w.usable_cpus / cpu)  # batches per second the CPUs allow
+    return max(1, min(w.usable_cpus, math.ceil(busy * rate - 1e-9)))
 
 
 def _idle_while_waiting(w) -> bool:

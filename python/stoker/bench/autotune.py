@@ -14,6 +14,13 @@ the CPU free (an accelerator's: a sleep of ``STEP_S``). A slow read holds the li
 waits for it while the other worker runs out of work unless it may hold more batches.
 prefetch_factor 1, 2, 4, 8 and "auto" are run, ``DEPTH_BATCHES`` batches each.
 
+Short epoch: a 3,000-sample epoch of ``fields`` (16 small tensors, 4 ints, 2 strings a sample,
+batch 64) that lasts well under a second, as a validation pass does, with no training step
+("light") and with ``SHORT_STEP_S`` of CPU work a batch ("heavy"): fixed 1 .. CPUs workers and
+"auto", each a fresh process and loader, throughput over the whole epoch from ``iter()`` (start-up
+included: that is what a short epoch pays); then a second loader on the same dataset in the same
+process, which starts from what the first learnt.
+
 Each run is a fresh interpreter. The num_workers settings run ``ROUNDS`` times each, in an
 order that rotates every round, and the median counts: on a shared machine the speed drifts by
 10-20% within a minute, more than the settings differ. Throughput is taken over the second half
@@ -37,6 +44,9 @@ STEP_S = 0.004  # the accelerator's step (the CPU is free meanwhile)
 DEPTHS = (1, 2, 4, 8)
 DEPTH_BATCHES = 1000
 DEPTH_WINDOW = 100  # batches: a random tail needs a long window to average out
+SHORT_SAMPLES = 3000
+SHORT_BATCH = 64
+SHORT_STEP_S = 0.003
 
 
 def _dataset(n):
@@ -140,6 +150,65 @@ def _run(num_workers, batches, step, prefetch_factor=None, remote=False, timeout
     return res
 
 
+def short_in_process(num_workers, work: int) -> dict:
+    """One short epoch of a fresh loader, then one of a second loader on the same dataset."""
+    import stoker
+
+    from .workloads import ManyFields
+
+    ds = ManyFields(SHORT_SAMPLES)
+    out = {"num_workers": num_workers}
+    for run in ("first", "second"):
+        dl = stoker.DataLoader(ds, batch_size=SHORT_BATCH, num_workers=num_workers)
+        t = time.perf_counter()
+        n = 0
+        for b in dl:
+            n += len(b["i0"])
+            if work:
+                step_work(work)
+        out[run] = n / (time.perf_counter() - t)
+        auto = dl.stats().get("autotune")
+        if auto:
+            out[run + "_workers"] = auto["active_workers"]
+            out[run + "_decisions"] = [(d["batch"], d["active"]) for d in auto["decisions"]]
+        del dl
+    out["samples_per_s"] = out["first"]
+    return out
+
+
+def short_scenario(rounds: int = ROUNDS, out=sys.stdout) -> dict:
+    """The short-epoch tables (module doc), light and heavy step."""
+    from .._system import usable_cpus
+    from .harness import in_fresh_interpreter
+
+    cpus = usable_cpus()
+    work = calibrate_work(SHORT_STEP_S)
+    result = {}
+    for step, w in (("light", 0), ("heavy", work)):
+        def run(k, w=w):
+            res, stderr = in_fresh_interpreter("autotune", "short_in_process", (k, w), 120)
+            if res is None:
+                raise RuntimeError(f"num_workers={k!r}: {stderr.strip()[-2000:]}")
+            return res
+        print(f"short epoch, {step} step ({1e3 * SHORT_STEP_S if w else 0:g} ms of CPU a batch): "
+              f"{SHORT_SAMPLES} samples of fields, batch {SHORT_BATCH}, whole epoch from iter(); "
+              f"{rounds} rounds, the median", file=out)
+        *fixed, auto = interleaved(list(range(1, cpus + 1)) + ["auto"], run, rounds)
+        best = max(fixed, key=lambda r: r["first"])
+        print(f"{'workers':>8} {'1st loader':>10} {'of best':>7} {'2nd loader':>10} {'of best':>7}"
+              "  rounds (1st loader)", file=out)
+        for r in fixed + [auto]:
+            name = (f"auto->{r.get('first_workers')},{r.get('second_workers')}" if r is auto
+                    else str(r["num_workers"]))
+            print(f"{name:>8} {r['first']:10.0f} {100 * r['first'] / best['first']:6.0f}% "
+                  f"{r['second']:10.0f} {100 * r['second'] / best['second']:6.0f}%  "
+                  f"{' '.join(f'{x:.0f}' for x in r['rounds'])}", file=out)
+        result[step] = {"fixed": fixed, "auto": auto, "best": best["num_workers"],
+                        "auto_share": auto["first"] / best["first"],
+                        "next_loader_share": auto["second"] / best["second"]}
+    return result
+
+
 def batches_to_reach(stamps, target_samples_per_s, window: int = WINDOW) -> int | None:
     """The first batch at which the last `window` batches ran at `target` or faster."""
     for i in range(window, len(stamps)):
@@ -180,9 +249,10 @@ def main(batches: int = 160, out=sys.stdout, rounds: int = ROUNDS) -> dict:
                                lambda k: _run(k, batches, work), rounds)
     best, reached = _report(fixed, auto, "num_workers", "active_workers", "active", WINDOW,
                             "count", out)
+    short = short_scenario(rounds, out)
     depth = depth_scenario(DEPTH_BATCHES, out)
     return {"fixed": fixed, "auto": auto, "best": best["num_workers"], "reached_at": reached,
-            "step_s": step_s, "step_work": work, "depth": depth}
+            "step_s": step_s, "step_work": work, "short": short, "depth": depth}
 
 
 def _report(fixed, auto, setting, final, decided, window, what, out):

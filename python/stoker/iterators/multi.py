@@ -114,7 +114,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if tune_workers or tune_depth:
             self._tuner = Controller(self._records, self._board, self._stats, self.workers,
                                      num_workers=n, depth=self._prefetch_factor,
-                                     tune_workers=tune_workers, tune_depth=tune_depth)
+                                     tune_workers=tune_workers, tune_depth=tune_depth,
+                                     dataset=self._dataset)
             self._tasks.limit = self._tuner.initial_workers
             if self._tuner.initial_depth is not None:
                 self._tasks.prefetch_factor = self._tuner.initial_depth
@@ -280,7 +281,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._stats.asking()
         batch = super().__next__()
         self._stats.yielded_one()
-        if self._tuner is not None and self._tuner.due():
+        if self._tuner is not None and self._tuner.due(self):
             self._tuner.tune(self, self._stats.yielded)
         return batch
 
