@@ -23,7 +23,23 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
             assert "error" not in row, row
             assert row["samples_per_s"] > 0 and row["main_cpu_ms_per_batch"] > 0
             assert row["pss_total_mb"] > 0
-    assert "vs torch" in p.stdout and "stoker" in p.stdout
+            # the work itself, timed in the same round, bounds every loader
+            assert row["bound_samples_per_s"] > 0 and 0 < row["share_of_bound"] < 1.5
+    assert "vs torch" in p.stdout and "of bound" in p.stdout
+
+
+def test_the_bound_collates_into_buffers_it_keeps():
+    import torch
+
+    from stoker.bench.bound import collate_into
+
+    buffers = {}
+    samples = [{"x": torch.full((2, 3), float(i)), "y": i, "s": f"n{i}"} for i in range(4)]
+    a = collate_into(samples, buffers)
+    assert torch.equal(a["x"], torch.stack([s["x"] for s in samples]))
+    assert a["y"].tolist() == [0, 1, 2, 3] and a["s"] == ["n0", "n1", "n2", "n3"]
+    b = collate_into(samples, buffers)
+    assert b["x"].data_ptr() == a["x"].data_ptr()  # the same buffer, batch after batch
 
 
 def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():

@@ -1,6 +1,8 @@
 """``stoker bench``: every workload, stoker against torch's DataLoader (and installed peers),
 alternating the loaders round after round; every figure is a median, every ratio is taken
-between runs of the same round."""
+between runs of the same round. Each round also times the work itself with no loader
+(``bound.py``): "bound/s" is the most any loader could deliver on this machine, "of bound" each
+loader's share of it."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _median(rows, key):
 
 def bench(workloads, loaders, workers, rounds, progress=True, start_method=None):
     runs = []
-    total = len(workloads) * len(loaders) * rounds
+    total = len(workloads) * (len(loaders) + 1) * rounds
     bar = None
     if progress:
         try:
@@ -36,6 +38,9 @@ def bench(workloads, loaders, workers, rounds, progress=True, start_method=None)
             bar = None
     for r in range(rounds):
         for wl in workloads:
+            res = harness.bound(wl)  # what the work itself allows, in this round
+            res["round"] = r
+            runs.append(res)
             for who in loaders:  # A B A B: the same order every round
                 if WORKLOADS[wl].measure_memory and who != "torchdata":
                     res = harness.run_with_memory_baseline(who, wl, workers)
@@ -56,6 +61,8 @@ def summarize(runs, workloads, loaders):
     for wl in workloads:
         torch_rows = {r["round"]: r for r in runs
                       if r["workload"] == wl and r["loader"] == "torch" and "error" not in r}
+        bounds = {r["round"]: r["bound_samples_per_s"] for r in runs
+                  if r["workload"] == wl and r["loader"] == "bound" and "error" not in r}
         for who in loaders:
             rows = [r for r in runs if r["workload"] == wl and r["loader"] == who]
             ok = [r for r in rows if "error" not in r]
@@ -66,12 +73,16 @@ def summarize(runs, workloads, loaders):
             ratios = [r["samples_per_s"] / torch_rows[r["round"]]["samples_per_s"]
                       for r in ok if r["round"] in torch_rows
                       and torch_rows[r["round"]]["samples_per_s"] > 0]
+            shares = [r["samples_per_s"] / bounds[r["round"]] for r in ok
+                      if bounds.get(r["round"])]
             table.append({
                 "workload": wl,
                 "loader": who,
                 "workers": ok[0]["workers"],
                 "samples_per_s": _median(ok, "samples_per_s"),
                 "ratio_vs_torch": statistics.median(ratios) if ratios else None,
+                "bound_samples_per_s": statistics.median(bounds.values()) if bounds else None,
+                "share_of_bound": statistics.median(shares) if shares else None,
                 "main_cpu_ms_per_batch": _median(ok, "main_cpu_ms_per_batch"),
                 "pss_total_mb": _median(ok, "pss_total_mb"),
                 "pss_single_process_mb": _median(ok, "pss_single_process_mb"),
@@ -83,7 +94,8 @@ def summarize(runs, workloads, loaders):
 
 
 def print_table(table, out=sys.stdout):
-    head = (f"{'workload':9} {'loader':10} {'samples/s':>10} {'vs torch':>9} {'main ms/b':>10} "
+    head = (f"{'workload':9} {'loader':10} {'samples/s':>10} {'vs torch':>9} {'bound/s':>8} "
+            f"{'of bound':>8} {'main ms/b':>10} "
             f"{'PSS MB':>8} {'PSS/1proc':>9} {'rw sys/b':>9} {'1st batch':>10}")
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -96,7 +108,8 @@ def print_table(table, out=sys.stdout):
             pss_ratio = row["pss_total_mb"] / row["pss_single_process_mb"]
         print(
             f"{row['workload']:9} {row['loader']:10} {_fmt(row['samples_per_s'], '10.0f')} "
-            f"{_fmt(row['ratio_vs_torch'], '8.2f')}x {_fmt(row['main_cpu_ms_per_batch'], '10.2f')} "
+            f"{_fmt(row['ratio_vs_torch'], '8.2f')}x {_fmt(row['bound_samples_per_s'], '8.0f')} "
+            f"{_fmt(row['share_of_bound'], '8.2f')} {_fmt(row['main_cpu_ms_per_batch'], '10.2f')} "
             f"{_fmt(row['pss_total_mb'], '8.0f')} {_fmt(pss_ratio, '8.2f')}x "
             f"{_fmt(row['syscalls_per_batch'], '9.1f')} "
             f"{_fmt(row['time_to_first_batch_s'] * 1e3, '8.0f')}ms",

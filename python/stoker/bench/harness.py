@@ -191,6 +191,19 @@ def in_fresh_interpreter(module: str, func: str, args: tuple, timeout: float = 3
     return None, p.stderr
 
 
+def bound(workload: str, timeout: float = 300) -> dict:
+    """The workload's bound (``bound.py``), in a fresh interpreter like every run."""
+    try:
+        res, stderr = in_fresh_interpreter("bound", "measure", (workload,), timeout)
+    except subprocess.TimeoutExpired:
+        res, stderr = None, f"timed out after {timeout} s"
+    if res is None:
+        return {"loader": "bound", "workload": workload,
+                "error": (stderr.strip().splitlines() or ["no output"])[-1]}
+    res["loader"] = "bound"
+    return res
+
+
 def run(who: str, workload: str, workers: int, timeout: float = 300,
         start_method=None) -> dict:
     """One measured run in a fresh interpreter."""
