@@ -1,8 +1,36 @@
 #include "stoker/strided_copy.h"
 
+#include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace stoker {
+
+void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n) {
+#if defined(__x86_64__)
+  // Up to a 16-byte boundary of dst with memcpy, then 64 bytes (one cache line) per step.
+  const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
 
 bool IsContiguous(const int64_t* shape, const int64_t* strides, int ndim, size_t itemsize) {
   if (strides == nullptr) return true;
@@ -68,12 +96,16 @@ void StridedRows(uint8_t*& out, const uint8_t* src, const int64_t* shape, const 
 }  // namespace
 
 size_t CopyToContiguous(uint8_t* dst, const uint8_t* src, const int64_t* shape,
-                        const int64_t* strides, int ndim, size_t itemsize) {
+                        const int64_t* strides, int ndim, size_t itemsize, bool stream) {
   size_t total = itemsize;
   for (int i = 0; i < ndim; ++i) total *= static_cast<size_t>(shape[i]);
   if (total == 0) return 0;
   if (IsContiguous(shape, strides, ndim, itemsize)) {
-    std::memcpy(dst, src, total);
+    if (stream && total >= kStreamRunBytes) {
+      StreamCopy(dst, src, total);
+    } else {
+      std::memcpy(dst, src, total);
+    }
     return total;
   }
   // Find the longest contiguous suffix of dims; copy it with one memcpy per outer position.

@@ -210,6 +210,8 @@ Status WireEncoder::Write(uint8_t* dst, size_t capacity) const {
   if (!dims_.empty()) {
     std::memcpy(dst + hdr.dims_offset, dims_.data(), dims_.size() * sizeof(int64_t));
   }
+  // A batch larger than the caches is written with streaming stores (strided_copy.h).
+  const bool stream = heap_bytes_ >= kStreamBatchBytes;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const WireNode& n = nodes_[i];
     const Pending& p = pending_[i];
@@ -238,7 +240,7 @@ Status WireEncoder::Write(uint8_t* dst, size_t capacity) const {
           const Piece& piece = pieces_[p.first_piece + k];
           const int64_t* shape = piece_dims_.data() + piece.dims_index;
           const int64_t* strides = piece.has_strides ? shape + piece.ndim : nullptr;
-          out += CopyToContiguous(out, piece.data, shape, strides, piece.ndim, itemsize);
+          out += CopyToContiguous(out, piece.data, shape, strides, piece.ndim, itemsize, stream);
         }
         break;
       }

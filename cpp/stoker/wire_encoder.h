@@ -28,6 +28,11 @@ struct ArraySource {
   int ndim;
 };
 
+// Batches with at least this many bytes of array and string data are written with streaming
+// stores (strided_copy.h: StreamCopy): larger than the share of the caches they could stay in
+// until the main process reads them.
+inline constexpr uint64_t kStreamBatchBytes = 4u << 20;
+
 class WireEncoder {
  public:
   void Clear();
@@ -59,7 +64,8 @@ class WireEncoder {
 
   // Assigns offsets; returns the total number of bytes Write() will produce.
   uint64_t Layout();
-  // Writes the batch into dst (capacity bytes). Layout() must have been called.
+  // Writes the batch into dst (capacity bytes). Layout() must have been called. A batch of
+  // kStreamBatchBytes or more is written with streaming stores.
   Status Write(uint8_t* dst, size_t capacity) const;
 
  private:

@@ -113,13 +113,25 @@ bool BorrowedArrays::ViewNumpy(PyObject* obj, ArrayView* v) {
 // sparse layout, a conjugate view) goes through DLPack, which refuses what it cannot describe.
 bool BorrowedArrays::ViewTensor(PyObject* obj, ArrayView* v) {
   PyTypes& T = Types();
-  auto attr = [obj](const char* name) { return nb::steal(PyObject_GetAttrString(obj, name)); };
-  auto call = [obj](const char* name) {
-    return nb::steal(PyObject_CallMethod(obj, name, nullptr));
+  // Names interned once, and methods called without a bound-method object: a batch of a
+  // thousand small tensors makes seven of these lookups per tensor.
+  static PyObject* const kIsCpu = PyUnicode_InternFromString("is_cpu");
+  static PyObject* const kLayout = PyUnicode_InternFromString("layout");
+  static PyObject* const kDtype = PyUnicode_InternFromString("dtype");
+  static PyObject* const kShape = PyUnicode_InternFromString("shape");
+  static PyObject* const kIsNeg = PyUnicode_InternFromString("is_neg");
+  static PyObject* const kIsConj = PyUnicode_InternFromString("is_conj");
+  static PyObject* const kDataPtr = PyUnicode_InternFromString("data_ptr");
+  static PyObject* const kStride = PyUnicode_InternFromString("stride");
+  auto attr = [obj](PyObject* name) { return nb::steal(PyObject_GetAttr(obj, name)); };
+  auto call = [obj](PyObject* name) {
+    PyObject* args[1] = {obj};
+    return nb::steal(PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                               nullptr));
   };
-  nb::object is_cpu = attr("is_cpu");
-  nb::object layout = attr("layout");
-  nb::object dtype = attr("dtype");
+  nb::object is_cpu = attr(kIsCpu);
+  nb::object layout = attr(kLayout);
+  nb::object dtype = attr(kDtype);
   if (!is_cpu.is_valid() || !layout.is_valid() || !dtype.is_valid() || is_cpu.ptr() != Py_True ||
       layout.ptr() != T.torch_strided) {
     PyErr_Clear();
@@ -133,21 +145,21 @@ bool BorrowedArrays::ViewTensor(PyObject* obj, ArrayView* v) {
   v->dtype = static_cast<DType>(PyLong_AsLong(code));
   // A lazily negated view (x.conj().imag is real and negated) or a conjugate view: the raw
   // memory is not the values. DLPack refuses them; they are pickled after resolving.
-  nb::object neg = call("is_neg");
+  nb::object neg = call(kIsNeg);
   if (!neg.is_valid() || neg.ptr() == Py_True) {
     PyErr_Clear();
     return false;
   }
   if (v->dtype == DType::kComplex64 || v->dtype == DType::kComplex128) {
-    nb::object conj = call("is_conj");
+    nb::object conj = call(kIsConj);
     if (!conj.is_valid() || conj.ptr() == Py_True) {
       PyErr_Clear();
       return false;
     }
   }
-  nb::object ptr = call("data_ptr");
-  nb::object shape = attr("shape");
-  nb::object strides = call("stride");
+  nb::object ptr = call(kDataPtr);
+  nb::object shape = attr(kShape);
+  nb::object strides = call(kStride);
   if (!ptr.is_valid() || !shape.is_valid() || !strides.is_valid() || !PyTuple_Check(shape.ptr()) ||
       !PyTuple_Check(strides.ptr())) {
     PyErr_Clear();
