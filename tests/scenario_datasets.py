@@ -349,3 +349,18 @@ class Reports(Dataset):
             self.counter.value += 1
         self.queue.put(os.getpid())
         return self.items[i]
+
+
+class MarksShared(Dataset):
+    """Marks each index it loads in a tensor in shared memory (``share_memory_()``): the main
+    process sees what every worker wrote, under fork and spawn alike."""
+
+    def __init__(self):
+        self.seen = torch.zeros(16).share_memory_()
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        self.seen[i] = 1.0
+        return i

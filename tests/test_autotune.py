@@ -212,6 +212,38 @@ def test_the_first_look_adds_the_workers_within_a_few_batches(monkeypatch):
     assert first["batch"] <= 8, first
 
 
+def test_a_tiny_epoch_still_gets_its_first_look_after_a_window(monkeypatch):
+    class Workers:
+        def status(self, w):
+            return {"seconds_in": {"loading": 0.0, "collating": 0.0, "encoding": 0.0},
+                    "rss_bytes": 1}
+
+        def pid(self, w):
+            return 1
+
+        def cpu_seconds(self, w):
+            return 0.0
+
+        def slot_usage(self):
+            return {}
+
+    class Stats:
+        waited_s = 0.0
+        yielded = 0
+
+    stats = Stats()
+    m = _measure.Measure(stats, Workers(), usable_cpus=2)
+    assert not m.due([0])
+    stats.yielded = 1
+    assert not m.due([0])  # the first look's window starts at the first batch
+    stats.yielded = 2
+    assert not m.due([0])
+    monkeypatch.setattr(_measure, "WINDOW_S", 0.0)
+    assert m.due([0])  # 2 batches only, but a window's time has passed
+    w = m.window([0])
+    assert w.first and w.batches == 1
+
+
 def test_the_next_loader_of_a_dataset_starts_where_the_last_one_ended(monkeypatch):
     monkeypatch.setattr(_cgroup, "usable_cpus", lambda: 4)
     ds = SlowRandom()
@@ -225,6 +257,9 @@ def test_the_next_loader_of_a_dataset_starts_where_the_last_one_ended(monkeypatc
     c = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers="auto")  # another dataset
     list(c)
     assert c.stats()["autotune"]["decisions"][0]["active"] == 2
+    d = stoker.DataLoader(ds, batch_size=3, num_workers="auto")  # another batch size
+    list(d)
+    assert "last loader" not in d.stats()["autotune"]["decisions"][0]["reason"]
 
 
 def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypatch):

@@ -167,3 +167,63 @@ assert len(pids) == 2 and ds.counter.value == 16, (pids, ds.counter.value)
 print("OK")
 """, timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_no_descriptor_is_left_when_pickling_fails_midway_or_the_sealed_is_dropped(tmp_path):
+    import multiprocessing as mp
+    import threading
+
+    np.save(tmp_path / "m.npy", np.arange(10_000))
+    mm = np.load(tmp_path / "m.npy", mmap_mode="r")
+    q = mp.get_context("spawn").Queue()
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(TypeError):  # the memmap's file and the queue's pipe were taken first
+        Sealed([mm, q, threading.Lock()])
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) == before
+    sealed = Sealed([mm, q])
+    assert len(sealed.fds()) >= 3
+    del sealed
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_tensor_in_shared_memory_stays_shared_and_copy_on_write_memmaps_keep_changes(
+        tmp_path):
+    t = torch.zeros(8).share_memory_()
+    np.save(tmp_path / "c.npy", np.zeros(5000))
+    c = np.load(tmp_path / "c.npy", mmap_mode="c")
+    c[:] = 7  # the main process's own pages; the file still holds zeros
+    sealed = Sealed({"t": t, "c": c})
+    try:
+        got = _open(sealed)
+    finally:
+        sealed.close()
+    got["t"][0] = 5  # torch's reduction: the same shared memory
+    assert float(t[0]) == 5.0
+    assert float(got["c"][0]) == 7.0  # copied, with the main process's changes
+
+
+def test_what_counts_one_receiver_a_pickle_is_pickled_per_worker():
+    from stoker.engine.sealed import PerWorker
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        with pytest.raises(PerWorker, match="file_system"):
+            Sealed({"t": torch.zeros(8).share_memory_()})
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+
+
+def test_a_shared_tensor_the_workers_write_reaches_the_main_process(script):
+    r = script("""
+import torch, stoker
+from scenario_datasets import MarksShared
+ds = MarksShared()
+loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+assert sorted(int(v) for b in loader for v in b) == list(range(16))
+assert ds.seen.tolist() == [1.0] * 16, ds.seen   # every worker wrote into the same memory
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr

@@ -9,8 +9,8 @@
 namespace stoker {
 
 // strides are in bytes; nullptr means C-contiguous. Returns the number of bytes written.
-// `stream`: contiguous runs of kStreamRunBytes or more are written with non-temporal stores
-// (see StreamCopy).
+// `stream`: a contiguous source of kStreamRunBytes or more is written with non-temporal stores
+// (see StreamCopy); strided sources are copied with memcpy runs as without it.
 size_t CopyToContiguous(uint8_t* dst, const uint8_t* src, const int64_t* shape,
                         const int64_t* strides, int ndim, size_t itemsize, bool stream = false);
 

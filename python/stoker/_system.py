@@ -216,3 +216,23 @@ def _keyed_kb(text: str, key: str) -> int | None:
         if len(parts) >= 2 and parts[0] == key and parts[1].isdigit():
             return int(parts[1]) * 1024
     return None
+
+
+def mapped_file(address: int) -> tuple[int, int] | None:
+    """(device, inode) of the file mapped at `address` in this process (``/proc/self/maps``),
+    None when nothing or no file is mapped there."""
+    text = _read(f"{_PROC}/self/maps")
+    for line in (text or "").splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        start, _, end = parts[0].partition("-")
+        try:
+            if not int(start, 16) <= address < int(end, 16):
+                continue
+            major, minor = (int(x, 16) for x in parts[3].split(":"))
+            inode = int(parts[4])
+        except ValueError:
+            return None
+        return (os.makedev(major, minor), inode) if inode else None
+    return None

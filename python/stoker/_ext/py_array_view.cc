@@ -114,7 +114,7 @@ bool BorrowedArrays::ViewNumpy(PyObject* obj, ArrayView* v) {
 bool BorrowedArrays::ViewTensor(PyObject* obj, ArrayView* v) {
   PyTypes& T = Types();
   // Names interned once, and methods called without a bound-method object: a batch of a
-  // thousand small tensors makes seven of these lookups per tensor.
+  // thousand small tensors makes seven or eight of these lookups per tensor.
   static PyObject* const kIsCpu = PyUnicode_InternFromString("is_cpu");
   static PyObject* const kLayout = PyUnicode_InternFromString("layout");
   static PyObject* const kDtype = PyUnicode_InternFromString("dtype");
@@ -123,6 +123,11 @@ bool BorrowedArrays::ViewTensor(PyObject* obj, ArrayView* v) {
   static PyObject* const kIsConj = PyUnicode_InternFromString("is_conj");
   static PyObject* const kDataPtr = PyUnicode_InternFromString("data_ptr");
   static PyObject* const kStride = PyUnicode_InternFromString("stride");
+  if (kIsCpu == nullptr || kLayout == nullptr || kDtype == nullptr || kShape == nullptr ||
+      kIsNeg == nullptr || kIsConj == nullptr || kDataPtr == nullptr || kStride == nullptr) {
+    PyErr_Clear();  // out of memory at the first call: the slower, general path
+    return ViewTensorDLPack(obj, v);
+  }
   auto attr = [obj](PyObject* name) { return nb::steal(PyObject_GetAttr(obj, name)); };
   auto call = [obj](PyObject* name) {
     PyObject* args[1] = {obj};

@@ -49,18 +49,21 @@ def wanted(options, map_style: bool, num_workers: int) -> tuple[bool, bool]:
 
 class Controller:
     def __init__(self, records, board, stats, workers, *, num_workers: int,
-                 depth: int, tune_workers: bool, tune_depth: bool, dataset=None):
+                 depth: int, tune_workers: bool, tune_depth: bool, dataset=None,
+                 batch_size=None):
         """A tuner for an iterator: it starts with the first ``initial_workers`` workers and
         ``initial_depth``; an earlier iterator of this loader (its `records`) left what it
         learnt, and this one starts from there; without one, from what the latest loader of
-        `dataset` in this process learnt (``memory``)."""
+        `dataset` in this process learnt (``memory``), when that loader had the same bound,
+        `batch_size`, starting `depth` and tuned the same things."""
         self._records = records
         self._board = board
         self._dataset = dataset
+        self._fingerprint = (num_workers, batch_size, depth, tune_workers, tune_depth)
         prev = records.autotune
         where = "where the last epoch ended"
         if not prev and dataset is not None:
-            prev = memory.recall(dataset)
+            prev = memory.recall(dataset, self._fingerprint)
             where = "where the last loader of this dataset ended"
         same = bool(prev) and prev["max_workers"] == num_workers
         initial = prev["active_workers"] if same and tune_workers else None
@@ -82,7 +85,7 @@ class Controller:
         snap = self.tuner.snapshot()
         self._records.autotune = snap
         if self._dataset is not None:
-            memory.keep(self._dataset, snap)
+            memory.keep(self._dataset, self._fingerprint, snap)
 
     def set_memory_share(self, share: int | None) -> None:
         """Each worker's part of max_shared_memory now (the depth must fit in it)."""

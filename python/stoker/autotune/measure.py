@@ -63,9 +63,10 @@ class Measure:
                 self._last = self._now(ids)
                 self._first = "due"
             return False
-        if self._first == "due":
-            return self._last is not None and \
+        if self._first == "due":  # FIRST_BATCHES batches, or a window's time (tiny epochs)
+            return self._last is not None and (
                 self._stats.yielded - self._last[8] >= FIRST_BATCHES
+                or time.monotonic() - self._last[0] >= WINDOW_S)
         return self._last is None or time.monotonic() - self._last[0] >= WINDOW_S
 
     def window(self, ids) -> Window | None:

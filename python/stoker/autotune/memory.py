@@ -3,8 +3,9 @@
 A framework often builds a new DataLoader over the same dataset each epoch (a validation loader
 re-created by its hooks, a loader per evaluation): each would start from half the CPUs again.
 The tuner's last snapshot is kept here under the dataset object (by a weak reference: a dataset
-that goes is forgotten, and an object reusing its ``id`` is not taken for it), and a controller
-without an earlier iterator of its own loader starts from it when the bound is the same.
+that goes is forgotten, and an object reusing its ``id`` is not taken for it) and the loader's
+fingerprint (the bound, the batch size, its own prefetch_factor, what is tuned); a controller
+without an earlier iterator of its own loader starts from it when the fingerprint is the same.
 
 Thread contract: any thread (one lock).
 """
@@ -17,19 +18,20 @@ import weakref
 KEEP = 64  # datasets remembered at most (the oldest go first)
 
 _lock = threading.Lock()
-_kept: dict[int, tuple] = {}  # id(dataset) -> (weak reference, snapshot)
+_kept: dict[int, tuple] = {}  # id(dataset) -> (weak reference, fingerprint, snapshot)
 
 
-def recall(dataset) -> dict | None:
-    """The snapshot left by the latest loader of `dataset` in this process, or None."""
+def recall(dataset, fingerprint: tuple) -> dict | None:
+    """The snapshot left by the latest loader of `dataset` with this `fingerprint` in this
+    process, or None."""
     with _lock:
         entry = _kept.get(id(dataset))
-        if entry is None or entry[0]() is not dataset:
+        if entry is None or entry[0]() is not dataset or entry[1] != fingerprint:
             return None
-        return entry[1]
+        return entry[2]
 
 
-def keep(dataset, snapshot: dict) -> None:
+def keep(dataset, fingerprint: tuple, snapshot: dict) -> None:
     """Remembers `snapshot` for the next loader of `dataset` (nothing for a dataset that takes
     no weak reference: its id alone could name another object later)."""
     try:
@@ -39,8 +41,8 @@ def keep(dataset, snapshot: dict) -> None:
     key = id(dataset)
     with _lock:
         _kept.pop(key, None)
-        _kept[key] = (ref, snapshot)
-        for k in [k for k, (r, _) in _kept.items() if r() is None]:
+        _kept[key] = (ref, fingerprint, snapshot)
+        for k in [k for k, (r, _, _) in _kept.items() if r() is None]:
             del _kept[k]
         while len(_kept) > KEEP:
             del _kept[next(iter(_kept))]

@@ -72,8 +72,9 @@ def measure(workload_name: str) -> dict:
         if b >= 2:
             worker_s += t1 - t0
             main_s += t2 - t1
-    timed = max(1, n - 2)
-    worker_s, main_s = worker_s / timed, main_s / timed
+    if n <= 2 or worker_s + main_s <= 0:
+        raise ValueError(f"{workload_name}: too few batches ({n}) to time the work")
+    worker_s, main_s = worker_s / (n - 2), main_s / (n - 2)
     cores = _system.usable_cpus()
     per_s = min(cores / (worker_s + main_s), 1.0 / main_s if main_s > 0 else float("inf"))
     return {"workload": workload_name, "worker_ms_per_batch": 1e3 * worker_s,

@@ -41,6 +41,9 @@ def bench(workloads, loaders, workers, rounds, progress=True, start_method=None)
             res = harness.bound(wl)  # what the work itself allows, in this round
             res["round"] = r
             runs.append(res)
+            if bar:
+                bar.set_postfix_str(f"{wl}/bound")
+                bar.update(1)
             for who in loaders:  # A B A B: the same order every round
                 if WORKLOADS[wl].measure_memory and who != "torchdata":
                     res = harness.run_with_memory_baseline(who, wl, workers)

@@ -18,9 +18,18 @@ Layout: a 64-byte header (magic, pickle offset and length, table offset, buffer 
 buffers (64-byte aligned, written as the pickler meets them), the pickle, and the table
 (offset, length, kind) of the buffers.
 
-Thread contract: ``Sealed(objects)`` and ``close`` run on the thread that starts workers;
-``Sealed`` is pickled only while ``Process.start()`` runs (it passes its descriptors to the
-child); ``load`` runs once in the worker, before its loop.
+Not everything can be pickled once for many workers: a CUDA tensor's IPC handle, and a tensor
+shared by name (torch's "file_system" strategy), count one receiver per pickle. For those,
+``Sealed`` raises ``PerWorker`` and the placement pickles for each worker, as plain spawn does.
+What a worker's copy differs in from plain spawn's: an array or tensor that is a view of another
+comes back as its own copy (not sharing its base's memory), non-contiguous and expanded tensors
+come back contiguous, and arrays do not own their memory (no in-place ``resize``).
+
+Thread contract: ``Sealed(objects)`` runs on the thread that starts workers; ``close`` on any
+thread (the placement holds its lock around it and around ``Process.start()``); a dropped
+``Sealed`` closes its descriptors when collected. ``Sealed`` is pickled only while
+``Process.start()`` runs (it passes its descriptors to the child); ``load`` runs once in the
+worker, before its loop.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ import os
 import pickle
 import struct
 import sys
+import weakref
 from multiprocessing import context, reduction
 
-from .. import _pickling
+from .. import _pickling, _system
+from . import fdpass
 
 _MAGIC = b"STKSEAL1"
 _HEADER = struct.Struct("<8sQQQQ")  # magic, pickle offset, pickle length, table offset, count
@@ -44,6 +55,15 @@ _DATA_START = 64
 # Buffers smaller than this stay inside the pickle: below it a view costs more than the copy.
 IN_BAND_BELOW = 4096
 _OUT_OF_BAND, _TENSOR = 0, 1
+# np.memmaps passed as their files at most: each is a descriptor held for the iterator's life and
+# passed to every worker (forkserver passes 250 at most); the others are copied like any array.
+MAX_MEMMAP_FILES = 64
+
+
+class PerWorker(Exception):
+    """The objects hold something whose reduction counts one receiver per pickle (a CUDA tensor's
+    IPC handle, a tensor shared by file name): it must be pickled for each worker, as plain
+    spawn does. The message names it."""
 
 
 class _Writer(_pickling.Pickler, reduction.ForkingPickler):
@@ -53,13 +73,15 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
 
     def __init__(self, fd: int):
         self._file = io.BytesIO()
-        super().__init__(self._file, 5, True, self._buffer)  # ForkingPickler takes no keywords
+        # positional: ForkingPickler.__init__ passes only positional arguments on
+        super().__init__(self._file, 5, True, self._buffer)
         self.fd = fd
         self.end = _DATA_START
         self.table: list[tuple[int, int, int]] = []
         self.extra_fds: list[int] = []
         self._ids: dict[int, tuple] = {}  # id(obj) -> its persistent id (an object seen twice)
         self._seen: list = []  # keeps those objects alive while their ids are in use
+        self._memmaps = 0
 
     def _write(self, raw: memoryview, kind: int) -> int:
         offset = -(-self.end // _ALIGN) * _ALIGN
@@ -80,7 +102,8 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
         if np is not None and isinstance(obj, np.memmap) and isinstance(obj.base, mmap.mmap):
             return self._remember(obj, lambda: self._memmap(obj))
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor and _plain_cpu(torch, obj):
+        if torch is not None and type(obj) is torch.Tensor and _plain_cpu(torch, obj) \
+                and not _is_shared(obj):
             return self._remember(obj, lambda: self._tensor(torch, obj))
         return None
 
@@ -95,8 +118,16 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
 
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
-            return NotImplemented  # torch's own reduction (CUDA IPC), as under plain spawn
+        if torch is None:
+            return NotImplemented
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type not in ("cpu", "meta"):
+                raise PerWorker(f"a {obj.device.type} tensor (torch shares it once per worker)")
+            if _is_shared(obj):  # share_memory_(): it stays shared, through torch's reduction
+                _fd_strategy_or_per_worker(torch, "a tensor in shared memory")
+                return NotImplemented
+        elif isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
+            _fd_strategy_or_per_worker(torch, "a torch storage")
         return super().reducer_override(obj)
 
     # multiprocessing asks the Popen being started for each descriptor a pickle refers to
@@ -122,11 +153,18 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
         """A whole np.memmap (np.load(mmap_mode=...)) travels as its file, opened here: the
         worker maps the same file (shared page cache, writes of "r+" reach the file as under
         fork); None (copied like any array) when the file cannot be opened any more."""
-        mode = {"w+": "r+"}.get(obj.mode, obj.mode)
+        mode = {"w+": "r+", "readonly": "r", "readwrite": "r+"}.get(obj.mode, obj.mode)
+        if mode not in ("r", "r+") or self._memmaps >= MAX_MEMMAP_FILES:
+            return None  # "c": the parent's own changes are in its pages, not the file's
         try:
             fd = os.open(obj.filename, os.O_RDWR if mode == "r+" else os.O_RDONLY)
         except (OSError, TypeError):
             return None
+        st = os.fstat(fd)
+        if _system.mapped_file(obj.ctypes.data) != (st.st_dev, st.st_ino):
+            os.close(fd)  # the path names another file now (replaced since it was mapped)
+            return None
+        self._memmaps += 1
         self.extra_fds.append(fd)
         order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
         return ("memmap", len(self.extra_fds) - 1, obj.dtype.str, mode, obj.offset,
@@ -144,6 +182,20 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
         return self._file.getvalue()
 
 
+def _is_shared(t) -> bool:
+    try:
+        return bool(t.is_shared())
+    except (RuntimeError, NotImplementedError):  # a layout without storage (sparse, nested)
+        return False
+
+
+def _fd_strategy_or_per_worker(torch, what: str) -> None:
+    """torch shares CPU memory by descriptor ("file_descriptor", any number of receivers) or by
+    name with one reference per receiver ("file_system"): under the latter, per worker."""
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        raise PerWorker(f"{what} (torch's 'file_system' sharing counts one receiver a pickle)")
+
+
 def _pwrite(fd: int, raw: memoryview, offset: int) -> None:
     done = 0
     while done < raw.nbytes:
@@ -156,16 +208,21 @@ def _plain_cpu(torch, t) -> bool:
 
 
 class Sealed:
-    """`objects` pickled once into a sealed memfd (raises what pickling raises)."""
+    """`objects` pickled once into a sealed memfd (raises what pickling raises, every
+    descriptor closed). Its descriptors close with ``close`` or, at the latest, when it is
+    garbage-collected."""
 
     def __init__(self, objects):
         fd = os.memfd_create("stoker-dataset", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        self.fd: int | None = fd
-        self.extra_fds: list[int] = []
+        self._memfd = [fd]
+        self._passed: list[int] = []  # descriptors passed beside it, in the pickle's order
+        fdpass.track(fd)  # a forked worker of another loader closes it
+        self._finalizer = weakref.finalize(self, _close_all, self._memfd, self._passed)
         try:
             w = _Writer(fd)
+            w.extra_fds = self._passed  # owned from the first one, should pickling fail later
             w.dump(objects)
-            self.extra_fds, table, end = w.extra_fds, w.table, w.end
+            table, end = w.table, w.end
             data = w.pickle_bytes()
             del w  # and the objects it kept alive
             at = -(-end // _ALIGN) * _ALIGN
@@ -178,19 +235,22 @@ class Sealed:
         except BaseException:
             self.close()
             raise
+        fdpass.track(*self._passed)
         self.nbytes = os.fstat(fd).st_size
 
+    @property
+    def fd(self) -> int | None:
+        return self._memfd[0] if self._memfd else None
+
+    @property
+    def extra_fds(self) -> list[int]:
+        return list(self._passed)
+
     def close(self) -> None:
-        for f in ([self.fd] if self.fd is not None else []) + self.extra_fds:
-            try:
-                os.close(f)
-            except OSError:
-                pass
-        self.fd = None
-        self.extra_fds = []
+        self._finalizer()
 
     def fds(self) -> list[int]:
-        return ([self.fd] if self.fd is not None else []) + list(self.extra_fds)
+        return self._memfd + self._passed
 
     def __reduce__(self):
         if self.fd is None:
@@ -199,6 +259,17 @@ class Sealed:
             raise TypeError("stoker: Sealed travels only to a process being started")
         return (_opened, (reduction.DupFd(self.fd),
                           [reduction.DupFd(f) for f in self.extra_fds]))
+
+
+def _close_all(*lists: list[int]) -> None:
+    for fds in lists:
+        fdpass.untrack(*fds)
+        for f in fds:
+            try:
+                os.close(f)
+            except OSError:
+                pass
+        fds.clear()
 
 
 class Opened:
@@ -223,10 +294,10 @@ class Opened:
             raise RuntimeError("stoker: the worker's dataset memfd is not one stoker wrote")
         table = [_ENTRY.unpack_from(view, t_at + i * _ENTRY.size) for i in range(count)]
         buffers = [view[o:o + n] for o, n, _ in table]
+        fds, self.extra_fds = self.extra_fds, []
         reader = _Reader(io.BytesIO(view[p_at:p_at + p_len]),
-                         buffers=[b for b, e in zip(buffers, table) if e[2] == _OUT_OF_BAND])
-        reader.tensors = buffers
-        reader.fds, self.extra_fds = self.extra_fds, []
+                         buffers=[b for b, e in zip(buffers, table) if e[2] == _OUT_OF_BAND],
+                         tensors=buffers, fds=fds)
         global _loading
         _loading = reader
         try:
@@ -237,8 +308,10 @@ class Opened:
 
 
 class _Reader(pickle.Unpickler):
-    tensors: list = []
-    fds: list = []  # passed beside the memfd; each taken (None) by what it rebuilds
+    def __init__(self, file, *, buffers, tensors: list, fds: list):
+        super().__init__(file, buffers=buffers)
+        self.tensors = tensors
+        self.fds = fds  # passed beside the memfd; each taken (None) by what it rebuilds
 
     def persistent_load(self, pid):
         # An object met twice was written once, under one id: it comes back as one object.

@@ -115,7 +115,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._tuner = Controller(self._records, self._board, self._stats, self.workers,
                                      num_workers=n, depth=self._prefetch_factor,
                                      tune_workers=tune_workers, tune_depth=tune_depth,
-                                     dataset=self._dataset)
+                                     dataset=self._dataset,
+                                     batch_size=getattr(loader, "batch_size", None))
             self._tasks.limit = self._tuner.initial_workers
             if self._tuner.initial_depth is not None:
                 self._tasks.prefetch_factor = self._tuner.initial_depth

@@ -18,6 +18,7 @@ Workers are not tied to the thread that started them: they die with the main *pr
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -29,8 +30,10 @@ from .._errors import EngineError
 from ..engine import deaths, fdpass, protocol
 from ..engine.events import WorkerExited, from_message
 from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
-from ..engine.sealed import Sealed
+from ..engine.sealed import PerWorker, Sealed
 from .base import Hung, Workers
+
+log = logging.getLogger("stoker")
 
 # How long to wait for a dead or stopped worker to be reaped.
 EXIT_GRACE_S = 1.0
@@ -71,7 +74,7 @@ class LocalProcesses(Workers):
         self._closed = False
         # spawn/forkserver: (dataset, collate_fn, worker_init_fn) and the one memfd every worker
         # started from them maps (engine/sealed.py): pickled once, not once per worker.
-        self._sealed: tuple[tuple, Sealed] | None = None
+        self._sealed: tuple[tuple, Sealed | None] | None = None
 
     # -- life ------------------------------------------------------------------------------------
     def start_all(self, count: int, config) -> None:
@@ -91,32 +94,35 @@ class LocalProcesses(Workers):
                 RuntimeWarning, stacklevel=6,
             )
 
-    def _sealed_for(self, config) -> Sealed:
+    def _sealed_for(self, config) -> Sealed | None:
         """The memfd of `config`'s dataset, collate_fn and worker_init_fn, made at the first
         start that needs it and kept for restarts; made again only when one of them is another
-        object (never for a new epoch of the same loader)."""
+        object (never for a new epoch of the same loader). None: they hold something that must
+        be pickled for each worker (``sealed.PerWorker``); then each start pickles them, as plain
+        spawn does."""
         key = (config.dataset, config.collate_fn, config.init_fn)
         with self._lock:
             if self._sealed is not None and all(a is b for a, b in zip(self._sealed[0], key)):
                 return self._sealed[1]
-        sealed = Sealed(key)  # outside the lock: pickling a large dataset takes a while
-        fdpass.track(*sealed.fds())
+        try:
+            sealed = Sealed(key)  # outside the lock: pickling a large dataset takes a while
+        except PerWorker as e:
+            log.debug("stoker: the dataset is pickled for each worker: it holds %s", e)
+            sealed = None
         with self._lock:
             old, self._sealed = self._sealed, (key, sealed)
-        if old is not None:
-            self._close_sealed(old[1])
+            if old is not None and old[1] is not None:
+                old[1].close()
+            if self._closed and sealed is not None:  # shut down meanwhile (start then refuses)
+                sealed.close()
         return sealed
-
-    @staticmethod
-    def _close_sealed(sealed: Sealed) -> None:
-        fdpass.untrack(*sealed.fds())
-        sealed.close()
 
     def start(self, worker_id: int, config) -> None:
         sealed = None
         if self.start_method != "fork":
             sealed = self._sealed_for(config)
-            config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)
+            if sealed is not None:
+                config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)
         main_end, child_end = _stoker.channel_pair()
         fdpass.track(main_end, child_end)
         try:
@@ -128,7 +134,13 @@ class LocalProcesses(Workers):
                       parent_pid_for(self.start_method), self._token, sealed),
                 daemon=True,
             )
-            proc.start()
+            if sealed is None:
+                proc.start()
+            else:  # under the lock: shutdown (any thread) never closes the memfd mid-start
+                with self._lock:
+                    if self._closed:
+                        raise EngineError("stoker: the workers were shut down while one started")
+                    proc.start()
         except BaseException:
             fdpass.untrack(main_end, child_end)
             os.close(main_end)
@@ -167,9 +179,9 @@ class LocalProcesses(Workers):
             for w in range(self.num_workers):
                 self._sup.remove_worker(w)  # closing the channel ends the worker
             self._procs = [None] * self.num_workers
-            sealed, self._sealed = self._sealed, None
-        if sealed is not None:
-            self._close_sealed(sealed[1])
+            if self._sealed is not None and self._sealed[1] is not None:
+                self._sealed[1].close()
+            self._sealed = None
         deadline = time.monotonic() + EXIT_GRACE_S
         for proc in procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
