@@ -227,3 +227,18 @@ assert ds.seen.tolist() == [1.0] * 16, ds.seen   # every worker wrote into the s
 print("OK")
 """, timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_dataset_that_must_be_pickled_per_worker_still_starts_and_shares(script):
+    r = script("""
+import torch, stoker
+torch.multiprocessing.set_sharing_strategy("file_system")
+from scenario_datasets import MarksShared
+ds = MarksShared()   # shared by file name: one receiver a pickle, so pickled per worker
+loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+for epoch in range(2):
+    assert sorted(int(v) for b in loader for v in b) == list(range(16))
+assert ds.seen.tolist() == [1.0] * 16, ds.seen
+print("OK")
+""", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
