@@ -155,7 +155,10 @@ def test_a_remote_hang_is_killed_with_its_stack_and_quarantined(clean):
     loader = stoker.DataLoader(HangsAt(9), batch_size=4, num_workers=2, hang_timeout=3.0,
                                on_error="skip", placement=ray_placement())
     assert labels(loader) == [i for i in range(64) if i != 9]
-    assert [d.cause.split(" and ")[0][:4] for d in loader.deaths] == ["hung", "hung"]
+    # Two hangs of sample 9, then quarantined. (On a loaded machine an actor started again may
+    # take longer than the 3 s to answer with another sample, which is a hang too.)
+    assert all(d.cause.startswith("hung") for d in loader.deaths), loader.deaths
+    assert [d.index for d in loader.deaths if d.index == 9] == [9, 9], loader.deaths
     assert [s.index for s in loader.skipped] == [9]
 
 
