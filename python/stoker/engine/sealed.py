@@ -71,14 +71,15 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
     multiprocessing's reductions apply (its pipes, locks, shared ``Value``s, torch's CUDA
     tensors), as when ``Process.start()`` pickles; stoker's tensor rule comes first."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, passed: list[int]):
+        """`passed`: where the descriptors the pickle refers to go (the caller owns them)."""
         self._file = io.BytesIO()
         # positional: ForkingPickler.__init__ passes only positional arguments on
         super().__init__(self._file, 5, True, self._buffer)
         self.fd = fd
         self.end = _DATA_START
         self.table: list[tuple[int, int, int]] = []
-        self.extra_fds: list[int] = []
+        self.extra_fds = passed
         self._ids: dict[int, tuple] = {}  # id(obj) -> its persistent id (an object seen twice)
         self._seen: list = []  # keeps those objects alive while their ids are in use
         self._memmaps = 0
@@ -219,8 +220,7 @@ class Sealed:
         fdpass.track(fd)  # a forked worker of another loader closes it
         self._finalizer = weakref.finalize(self, _close_all, self._memfd, self._passed)
         try:
-            w = _Writer(fd)
-            w.extra_fds = self._passed  # owned from the first one, should pickling fail later
+            w = _Writer(fd, self._passed)  # owned from the first, should pickling fail later
             w.dump(objects)
             table, end = w.table, w.end
             data = w.pickle_bytes()
