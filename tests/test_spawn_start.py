@@ -125,12 +125,17 @@ import os, signal, torch, stoker
 from scenario_datasets import Arrays
 
 def memfd_inodes(pid):
-    return {{line.split()[4] for line in open(f'/proc/{{pid}}/maps') if 'stoker-dataset' in line}}
+    try:  # a batch may come from the worker killed after loading it
+        maps = open(f'/proc/{{pid}}/maps').read().splitlines()
+    except FileNotFoundError:
+        return set()
+    read.add(pid)
+    return {{line.split()[4] for line in maps if 'stoker-dataset' in line}}
 
 ds = Arrays(mb=16, marks={str(tmp_path)!r}, write=True)
 loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn",
                            persistent_workers=True)
-inodes, killed = set(), False
+inodes, killed, read, victim = set(), False, set(), None
 for epoch in range(2):
     seen = []
     for x, writable, pid in loader:
@@ -139,12 +144,13 @@ for epoch in range(2):
         for p in set(int(q) for q in pid):
             inodes |= memfd_inodes(p)
         if not killed:
-            killed = True
-            os.kill(int(pid[0]), signal.SIGKILL)
+            killed, victim = True, int(pid[0])
+            os.kill(victim, signal.SIGKILL)
     assert seen == [int(a[0]) for a in ds.arrays], seen
 # The workers' writes never reached this process.
 assert all(int(a[1]) != -1 for a in ds.arrays)
 assert len(inodes) == 1, inodes
+assert len(read - {{victim}}) >= 2, read  # the one left and the restarted one, at least
 assert len(open({str(tmp_path)!r} + "/pickled").read().split()) == 1
 print("OK", stoker.stats(loader)["restarts"] if "restarts" in stoker.stats(loader) else "")
 """, timeout=180)
