@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The Python extension (python/stoker/_ext: reference counts, slot lifetimes, the buffers handed
+# to torch and NumPy) under AddressSanitizer + UndefinedBehaviorSanitizer, driven by the pytest
+# files that use it hardest. `make sanitize-extension` runs it, and `make sanitize` after the C++
+# core's sanitizer builds.
+#
+# The instrumented module goes into a copy of the package (build/asan-py/pkg), never into
+# python/stoker, so nothing else can import it by accident. ASan's runtime is preloaded into
+# every Python process the tests start (workers inherit it). Any report, in any process, fails
+# the run: each process writes its own log under build/asan-py/logs.
+#
+# Not run here, because they cannot pass under ASan by design: the tests that measure memory
+# growth (ASan keeps freed memory in quarantine) and the fault tests that kill a worker with
+# SIGBUS on purpose (ASan's handler answers the signal first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+B=build/asan-py
+"$VENV/bin/cmake" -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=OFF \
+  -DSTOKER_BUILD_PYTHON=ON -DSTOKER_SANITIZE=address,undefined \
+  -Dnanobind_DIR="$("$VENV/bin/python" -m nanobind --cmake_dir)" \
+  -DPython_EXECUTABLE="$PWD/$VENV/bin/python" > /dev/null
+"$VENV/bin/cmake" --build "$B" -j "${JOBS:-2}"
+
+rm -rf "$B/pkg" "$B/logs"
+mkdir -p "$B/pkg" "$B/logs"
+cp -r python/stoker "$B/pkg/stoker"
+rm -f "$B/pkg/stoker/"_stoker*.so
+cp "$B"/_stoker*.so "$B/pkg/stoker/"
+
+libasan=$(g++ -print-file-name=libasan.so)
+libubsan=$(g++ -print-file-name=libubsan.so)
+logs=$PWD/$B/logs
+# -s: a report must reach this log even from the pytest process itself (pytest's capture would
+# swallow it with the process). ASan writes each process's report to its own file; UBSan's go to
+# stderr, which the tests' workers share with pytest.
+status=0
+PYTHONPATH="$PWD/$B/pkg:$PWD/tests" \
+LD_PRELOAD="$libasan $libubsan" \
+ASAN_OPTIONS="detect_leaks=0:handle_segv=0:handle_sigbus=0:handle_abort=0:log_path=$logs/asan" \
+UBSAN_OPTIONS="print_stacktrace=1" \
+  "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider \
+    ${SANITIZE_TESTS:-tests/test_values.py tests/test_compat.py tests/test_fidelity.py \
+    tests/test_shared_list.py tests/test_spawn_start.py tests/test_gpu_last_mile.py \
+    tests/test_errors.py} -k "not SIGBUS" > "$B/pytest.log" 2>&1 || status=$?
+tail -3 "$B/pytest.log"
+
+if compgen -G "$logs/*" > /dev/null || grep -qE "runtime error:|ERROR: AddressSanitizer" "$B/pytest.log"; then
+  echo "sanitizer reports from the extension:" >&2
+  grep -B2 -A30 -E "runtime error:|ERROR: AddressSanitizer" "$B/pytest.log" | head -80 >&2 || true
+  for f in "$logs"/*; do [ -e "$f" ] && { echo "== $f" >&2; head -40 "$f" >&2; }; done
+  exit 1
+fi
+[ "$status" -eq 0 ] || echo "pytest failed under the sanitizers: $B/pytest.log" >&2
+exit "$status"
