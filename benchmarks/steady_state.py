@@ -1,8 +1,8 @@
 """Where a bench workload's time goes once the pipeline is full: persistent workers, one warm-up
 epoch, then EPOCHS epochs timed; CPU milliseconds per delivered batch of the main process and of
-each worker (psutil), and the machine's idle share (/proc/stat) over the same window. Idle CPU
-while workers exist means something waits: a worker for its next task, the main process for the
-next batch in order.
+each child (its workers; psutil), and the whole machine's idle share (/proc/stat, every CPU, not
+only this process's cpuset) over the same window. Idle CPU while workers exist means something
+waits: a worker for its next task, the main process for the next batch in order.
 
     PYTHONPATH=python .venv/bin/python benchmarks/steady_state.py image --workers 2 \
         [--epochs 4] [--prefetch-factor 2] [--out-of-order]
@@ -45,8 +45,8 @@ def main() -> None:
     ap.add_argument("--prefetch-factor", type=int, default=2)
     ap.add_argument("--out-of-order", action="store_true", help="in_order=False")
     args = ap.parse_args()
-    if args.workers < 1:
-        ap.error("--workers must be 1 or more")
+    if args.workers < 1 or args.epochs < 1:
+        ap.error("--workers and --epochs must be 1 or more")
     torch.set_num_threads(1)
     wl = WORKLOADS[args.workload]
     loader = stoker.DataLoader(
@@ -66,7 +66,8 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     cpu1, machine1 = _cpu_seconds(me), _machine_times()
     d = [b - a for a, b in zip(machine0, machine1)]
-    per_batch = {("main" if pid == me.pid else f"worker {pid}"): 1e3 * (c - cpu0.get(pid, 0.0)) / n
+    # children: the workers (and any helper process, such as a resource tracker)
+    per_batch = {("main" if pid == me.pid else f"child {pid}"): 1e3 * (c - cpu0.get(pid, 0.0)) / n
                  for pid, c in cpu1.items()}
     print(f"{args.workload}, {args.workers} workers, prefetch_factor {args.prefetch_factor}"
           f"{', out of order' if args.out_of_order else ''}: "

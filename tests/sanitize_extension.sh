@@ -6,8 +6,8 @@
 #
 # The instrumented module goes into a copy of the package (build/asan-py/pkg), never into
 # python/stoker, so nothing else can import it by accident. ASan's runtime is preloaded into
-# every Python process the tests start (workers inherit it). Any report, in any process, fails
-# the run: each process writes its own log under build/asan-py/logs.
+# every Python process the tests start (workers inherit it). A report fails the run (ASan's:
+# one log per process under build/asan-py/logs; UBSan's: see below).
 #
 # Not run here, because they cannot pass under ASan by design: the tests that measure memory
 # growth (ASan keeps freed memory in quarantine) and the fault tests that kill a worker with
@@ -28,26 +28,34 @@ cp -r python/stoker "$B/pkg/stoker"
 rm -f "$B/pkg/stoker/"_stoker*.so
 cp "$B"/_stoker*.so "$B/pkg/stoker/"
 
-libasan=$(g++ -print-file-name=libasan.so)
-libubsan=$(g++ -print-file-name=libubsan.so)
+# The runtimes the instrumented module was linked with (whatever compiler CMake chose).
+libasan=$(ldd "$B"/_stoker*.so | awk '/libasan/ {print $3}')
+libubsan=$(ldd "$B"/_stoker*.so | awk '/libubsan/ {print $3}')
+for lib in "$libasan" "$libubsan"; do
+  [ -f "$lib" ] || { echo "sanitize_extension: ASan/UBSan runtime not found (ldd: '$lib')" >&2; exit 2; }
+done
 logs=$PWD/$B/logs
 # -s: a report must reach this log even from the pytest process itself (pytest's capture would
-# swallow it with the process). ASan writes each process's report to its own file; UBSan's go to
-# stderr, which the tests' workers share with pytest.
+# swallow it with the process). ASan writes each process's report to its own file, whatever
+# process it is in. UBSan's go to stderr (it ignores log_path next to ASan's runtime): pytest's
+# and its workers' reach this log; in a subprocess a test starts with its output captured, the
+# report makes that process exit 1, which fails the test unless the test expects that process
+# to die.
 status=0
 PYTHONPATH="$PWD/$B/pkg:$PWD/tests" \
 LD_PRELOAD="$libasan $libubsan" \
 ASAN_OPTIONS="detect_leaks=0:handle_segv=0:handle_sigbus=0:handle_abort=0:log_path=$logs/asan" \
-UBSAN_OPTIONS="print_stacktrace=1" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider \
     ${SANITIZE_TESTS:-tests/test_values.py tests/test_compat.py tests/test_fidelity.py \
     tests/test_shared_list.py tests/test_spawn_start.py tests/test_gpu_last_mile.py \
     tests/test_errors.py} -k "not SIGBUS" > "$B/pytest.log" 2>&1 || status=$?
 tail -3 "$B/pytest.log"
 
-if compgen -G "$logs/*" > /dev/null || grep -qE "runtime error:|ERROR: AddressSanitizer" "$B/pytest.log"; then
+pattern="runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer"
+if grep -qlE "$pattern" "$logs"/* "$B/pytest.log" 2> /dev/null; then
   echo "sanitizer reports from the extension:" >&2
-  grep -B2 -A30 -E "runtime error:|ERROR: AddressSanitizer" "$B/pytest.log" | head -80 >&2 || true
+  grep -B2 -A30 -E "$pattern" "$B/pytest.log" | head -80 >&2 || true
   for f in "$logs"/*; do [ -e "$f" ] && { echo "== $f" >&2; head -40 "$f" >&2; }; done
   exit 1
 fi
