@@ -85,8 +85,7 @@ fuzz: $(DEPS) sysdeps
 	STOKER_FUZZ_SECONDS=$${STOKER_FUZZ_SECONDS:-300} $(CPPBUILD)/wire_fuzz_test
 
 # The C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (with a short run of the wire
-# fuzzer), then the threaded tests under ThreadSanitizer, then the Python extension under ASan +
-# UBSan (sanitize-extension). Separate build folders; not part of
+# fuzzer), then the threaded tests under ThreadSanitizer. Separate build folders; not part of
 # `make test`. STOKER_FUZZ_SECONDS sets the fuzzer's run (default 20 s).
 TSAN_TESTS := supervisor_threads_test slot_test slot_pool_test status_test channel_test segment_test
 sanitize: $(DEPS) sysdeps
@@ -97,10 +96,12 @@ sanitize: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF -DSTOKER_SANITIZE=thread
 	$(VENV)/bin/cmake --build build/tsan -j $(JOBS) --target $(TSAN_TESTS)
 	for t in $(TSAN_TESTS); do TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build/tsan/$$t || exit 1; done
-	$(MAKE) sanitize-extension
 
 # The Python extension itself under ASan + UBSan: an instrumented build in build/asan-py, run by
 # the pytest files that use it hardest, with the runtime preloaded (tests/sanitize_extension.sh).
+# Run by hand, not in CI: in one CI run of five a loader's workers hung in one test (never seen
+# without ASan; forking under ASan from a process that runs threads is a known cause), and a gate
+# that can fail at random would block every change.
 sanitize-extension: $(DEPS)
 	JOBS=$(JOBS) tests/sanitize_extension.sh
 
