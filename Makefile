@@ -99,9 +99,9 @@ sanitize: $(DEPS) sysdeps
 
 # The Python extension itself under ASan + UBSan: an instrumented build in build/asan-py, run by
 # the pytest files that use it hardest, with the runtime preloaded (tests/sanitize_extension.sh).
-# Run by hand, not in CI: in one CI run of five a loader's workers hung in one test (never seen
-# without ASan; forking under ASan from a process that runs threads is a known cause), and a gate
-# that can fail at random would block every change.
+# Run by hand, not in CI: in one run of eight (a CI run) a loader's workers hung in one test
+# (never seen without ASan; forking under ASan from a process that runs threads is a known
+# cause), and a gate that can fail at random would block every change.
 sanitize-extension: $(DEPS)
 	JOBS=$(JOBS) tests/sanitize_extension.sh
 

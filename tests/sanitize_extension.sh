@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python extension (python/stoker/_ext: reference counts, slot lifetimes, the buffers handed
 # to torch and NumPy) under AddressSanitizer + UndefinedBehaviorSanitizer, driven by the pytest
-# files that use it hardest: `make sanitize-extension`. Not part of CI: in one run of five a
+# files that use it hardest: `make sanitize-extension`. Not part of CI: in one run of eight a
 # loader's workers hung in one test (test_compat; never seen without ASan, and forking under ASan
 # from a process that runs threads is a known cause). A hang here is worth a look; a report
 # from the sanitizers is a bug.
