@@ -140,15 +140,16 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
     # time is taken out of the timed window (wall and CPU), as it is no loader's.
     measuring_s = measuring_cpu = 0.0
     expected = max(1, wl.samples // wl.batch_size - 1)
+    middle = max(1, expected // 2)
     for batch in it:
         n = consume(batch)
         del batch
         batches += 1
         samples += wl.batch_size
-        if batches in (max(1, expected // 2), expected):
+        if batches in (middle, expected):
             # thread_time: the reads' own CPU (a peer's threads in this process keep working)
             m0, mc0 = time.perf_counter(), time.thread_time()
-            if batches == max(1, expected // 2):
+            if batches == middle:
                 pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
                 sys_mid = _io_syscalls(pids)
             if batches == expected:  # the last batch: every worker has touched what it will
