@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -40,9 +41,36 @@ def run_script(code: str, timeout: float = 60, env: dict | None = None, wrapper=
         pytest.fail(f"scenario hung for {timeout}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
 
 
+def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None, wrapper=None,
+                 kwargs: dict | None = None):
+    """Runs scenario `name` ("module.function" in ``tests/scenarios/``) with JSON-able `args`
+    in a fresh interpreter (cwd = tests/), returns CompletedProcess. A hang is a failure: the
+    process group is killed at `timeout`."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = HERE + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONFAULTHANDLER"] = "1"
+    if env:
+        full_env.update(env)
+    cmd = [sys.executable, "-m", "scenarios", name,
+           json.dumps({"args": list(args), "kwargs": kwargs or {}})]
+    if wrapper:
+        cmd = wrapper + cmd
+    try:
+        return subprocess.run(cmd, cwd=HERE, env=full_env, capture_output=True, text=True,
+                              timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"scenario {name} hung for {timeout}s\nstdout:\n{e.stdout}\n"
+                    f"stderr:\n{e.stderr}")
+
+
 @pytest.fixture
 def script():
     return run_script
+
+
+@pytest.fixture
+def scenario():
+    return run_scenario
 
 
 _RUNNING_LOADER = """
