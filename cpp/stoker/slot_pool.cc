@@ -128,14 +128,14 @@ Status SlotPool::LimitError(size_t bytes, uint64_t want, const char* why) const 
       ready_bytes += e.segment->size();
     }
   }
-  return Status::Error(
-      Code::kLimitReached,
-      "worker " + std::to_string(worker_id_) + " needs " + Mib(want) +
-          " of shared memory for a batch of " + Mib(bytes) + ", but its share of "
-          "max_shared_memory is " + Mib(cap_bytes_) + " and " + why + ". Its slots: " +
-          std::to_string(lent) + " batch(es) still held by your code (" + Mib(lent_bytes) +
-          "), " + std::to_string(ready) + " waiting in the main process (" + Mib(ready_bytes) +
-          ").");
+  return Status::Error(Code::kLimitReached,
+                       "worker " + std::to_string(worker_id_) + " needs " + Mib(want) +
+                           " of shared memory for a batch of " + Mib(bytes) +
+                           ", but its share of max_shared_memory is " + Mib(cap_bytes_) + " and " +
+                           why + ". Its slots: " + std::to_string(lent) +
+                           " batch(es) still held by your code (" + Mib(lent_bytes) + "), " +
+                           std::to_string(ready) + " waiting in the main process (" +
+                           Mib(ready_bytes) + ").");
 }
 
 Status SlotPool::Acquire(size_t bytes, WritableSlot* out) {

@@ -61,9 +61,9 @@ TEST(StatusTest, FromErrnoMapsErrnoToCode) {
 // Every code has its own human-readable name; an out-of-range code is "unknown".
 TEST(StatusTest, CodeNamesAreDistinct) {
   std::set<std::string> names;
-  const Code codes[] = {Code::kOk,      Code::kInvalidArgument, Code::kSystem,
-                        Code::kCorrupt, Code::kOutOfMemory,     Code::kTimeout,
-                        Code::kClosed,  Code::kInterrupted,     Code::kTooLarge,
+  const Code codes[] = {Code::kOk,           Code::kInvalidArgument, Code::kSystem,
+                        Code::kCorrupt,      Code::kOutOfMemory,     Code::kTimeout,
+                        Code::kClosed,       Code::kInterrupted,     Code::kTooLarge,
                         Code::kWrongProcess, Code::kLimitReached};
   for (Code c : codes) {
     const std::string name = CodeName(c);

@@ -121,8 +121,7 @@ class Supervisor {
   // REQUIRES: mu_ held (as do all the helpers below).
   Status Absorb(int id, Worker& w, Message& m, bool* consumed, SupervisorEvent* event);
   Status DrainDead(SupervisorEvent* event, bool* produced);
-  Status HandleEvents(const ::epoll_event* evs, int n, SupervisorEvent* event,
-                      bool* produced);
+  Status HandleEvents(const ::epoll_event* evs, int n, SupervisorEvent* event, bool* produced);
   void CloseWorker(Worker& w);
   Status ForeignError() const;
   bool foreign() const { return epfd_ < 0; }

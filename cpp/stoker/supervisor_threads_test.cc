@@ -323,8 +323,7 @@ TEST_F(SupervisorThreadsTest, ForkedChildGivesUpDescriptorsAndUnheldSlots) {
   const pid_t w0 = children_[0];
   const int w0_status = ReapWithin10s(w0);
   EXPECT_NE(w0_status, -1) << "worker 0 never saw its channel close";
-  EXPECT_TRUE(w0_status != -1 && WIFEXITED(w0_status) && WEXITSTATUS(w0_status) == 20)
-      << w0_status;
+  EXPECT_TRUE(w0_status != -1 && WIFEXITED(w0_status) && WEXITSTATUS(w0_status) == 20) << w0_status;
   ASSERT_TRUE(sup_->Send(1, Header(MessageType::kStop), nullptr, 0).ok());
   bool died = false;
   for (int i = 0; i < 100 && !died; ++i) {

@@ -42,8 +42,7 @@ void WorkerStatusWriter::Initialize(WorkerStatusPage* page, uint64_t pid, uint64
   std::atomic_ref<uint64_t>(page->magic).store(kStatusMagic, std::memory_order_release);
 }
 
-void WorkerStatusWriter::Enter(WorkerState state, uint64_t task, int64_t index,
-                               int64_t position) {
+void WorkerStatusWriter::Enter(WorkerState state, uint64_t task, int64_t index, int64_t position) {
   const uint64_t now = MonotonicNs();
   const uint64_t prev = std::atomic_ref<uint64_t>(p_->state).load(std::memory_order_relaxed);
   const uint64_t since = std::atomic_ref<uint64_t>(p_->since_ns).load(std::memory_order_relaxed);

@@ -1,11 +1,11 @@
 // Facts both languages read, exported from the C++ definitions so that Python never keeps a
 // hand-copied list: the worker status page's fields in order, worker state names, control
 // message types, log kinds, encode modes and the dtype names of the wire format.
+#include <nanobind/stl/string.h>
+
 #include <cstddef>
 #include <string>
 #include <utility>
-
-#include <nanobind/stl/string.h>
 
 #include "common.h"
 #include "py_encode.h"
@@ -18,9 +18,8 @@ namespace {
 // WorkerStatusPage, one name per uint64 word in memory order: the words before state_ns, then
 // state_ns[kWorkerStateCount] (named "ns_<state>"), then the words after it. The asserts tie the
 // lists to the struct: adding, moving or resizing a field without updating them does not compile.
-constexpr const char* kBeforeStateNs[] = {"magic",    "pid",     "state",
-                                          "task",     "index",   "since_ns",
-                                          "samples",  "batches", "rss_bytes"};
+constexpr const char* kBeforeStateNs[] = {"magic",    "pid",     "state",   "task",     "index",
+                                          "since_ns", "samples", "batches", "rss_bytes"};
 constexpr const char* kAfterStateNs[] = {"bytes_sent", "worker_id", "loader_token", "position"};
 constexpr size_t kBefore = sizeof(kBeforeStateNs) / sizeof(kBeforeStateNs[0]);
 constexpr size_t kAfter = sizeof(kAfterStateNs) / sizeof(kAfterStateNs[0]);
@@ -32,14 +31,21 @@ static_assert(offsetof(WorkerStatusPage, bytes_sent) == 8 * (kBefore + kWorkerSt
               "the status field names are out of date");
 
 constexpr std::pair<const char*, MessageType> kMessages[] = {
-    {"TASK", MessageType::kTask},           {"RESUME", MessageType::kResume},
-    {"STOP", MessageType::kStop},           {"LIMIT", MessageType::kLimit},
+    {"TASK", MessageType::kTask},
+    {"RESUME", MessageType::kResume},
+    {"STOP", MessageType::kStop},
+    {"LIMIT", MessageType::kLimit},
     {"SLOT_NEW", MessageType::kSlotNew},
-    {"SLOT_RETIRE", MessageType::kSlotRetire}, {"BATCH", MessageType::kBatch},
-    {"ERROR", MessageType::kError},         {"END", MessageType::kEnd},
-    {"RESUMED", MessageType::kResumed},     {"HELLO", MessageType::kHello},
-    {"STATUS_PAGE", MessageType::kStatusPage}, {"LOG_FILE", MessageType::kLogFile},
-    {"SKIPPED", MessageType::kSkipped},     {"ITER_STATE", MessageType::kIterState},
+    {"SLOT_RETIRE", MessageType::kSlotRetire},
+    {"BATCH", MessageType::kBatch},
+    {"ERROR", MessageType::kError},
+    {"END", MessageType::kEnd},
+    {"RESUMED", MessageType::kResumed},
+    {"HELLO", MessageType::kHello},
+    {"STATUS_PAGE", MessageType::kStatusPage},
+    {"LOG_FILE", MessageType::kLogFile},
+    {"SKIPPED", MessageType::kSkipped},
+    {"ITER_STATE", MessageType::kIterState},
 };
 
 }  // namespace

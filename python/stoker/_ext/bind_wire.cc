@@ -88,9 +88,9 @@ struct SharedMapping {
 
 nb::object MapShared(int fd, size_t count, bool writable) {
   if (count == 0 || count > (static_cast<size_t>(1) << 40) / sizeof(int64_t)) {
-    Raise(Status::Error(Code::kInvalidArgument,
-                        "map_shared needs a count between 1 and 2**37, got " +
-                            std::to_string(count)));
+    Raise(Status::Error(
+        Code::kInvalidArgument,
+        "map_shared needs a count between 1 and 2**37, got " + std::to_string(count)));
   }
   const size_t bytes = count * sizeof(int64_t);
   void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);

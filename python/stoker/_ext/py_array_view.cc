@@ -131,8 +131,8 @@ bool BorrowedArrays::ViewTensor(PyObject* obj, ArrayView* v) {
   auto attr = [obj](PyObject* name) { return nb::steal(PyObject_GetAttr(obj, name)); };
   auto call = [obj](PyObject* name) {
     PyObject* args[1] = {obj};
-    return nb::steal(PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                               nullptr));
+    return nb::steal(
+        PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
   };
   nb::object is_cpu = attr(kIsCpu);
   nb::object layout = attr(kLayout);

@@ -49,10 +49,10 @@ bool PyBatchEncoder::CollateDict(const std::vector<PyObject*>& s, std::string& p
       column[i] = PyDict_GetItemWithError(s[i], key);
       if (column[i] == nullptr) {
         if (PyErr_Occurred()) throw nb::python_error();
-        const std::string msg =
-            SampleName(i) + " has no key " + Repr(key) + " that " + SampleName(0) + " has (at " +
-            (mark == 0 ? std::string("the top level") : path.substr(0, mark)) +
-            "); every sample of a batch must have the same keys";
+        const std::string msg = SampleName(i) + " has no key " + Repr(key) + " that " +
+                                SampleName(0) + " has (at " +
+                                (mark == 0 ? std::string("the top level") : path.substr(0, mark)) +
+                                "); every sample of a batch must have the same keys";
         PyErr_SetObject(PyExc_KeyError, nb::str(msg.c_str()).ptr());
         throw nb::python_error();
       }

@@ -141,8 +141,8 @@ bool PyBatchEncoder::AddStacked(const std::vector<ArrayView>& views, uint8_t fla
   return true;
 }
 
-void PyBatchEncoder::ShapeMismatch(const std::string& path, size_t a, const ArrayView& va,
-                                   size_t b, const ArrayView& vb) {
+void PyBatchEncoder::ShapeMismatch(const std::string& path, size_t a, const ArrayView& va, size_t b,
+                                   const ArrayView& vb) {
   std::string where = path.empty() ? "the samples themselves" : "field " + path;
   RaiseStoker("CollateError",
               "samples do not stack at " + where + ": " + SampleName(a) + " has shape " +

@@ -157,9 +157,8 @@ class Builder {
     if (Types().torch_from_dlpack.is_valid()) {
       // The capsule straight to torch's converter: what torch.utils.dlpack.from_dlpack (which
       // nb::ndarray<nb::pytorch> calls) ends with, without its Python-level checks.
-      nb::object nd = nb::ndarray<>(data, static_cast<size_t>(n.ndim), shape, owner,
-                                    b_.strides(n), dt)
-                          .cast();
+      nb::object nd =
+          nb::ndarray<>(data, static_cast<size_t>(n.ndim), shape, owner, b_.strides(n), dt).cast();
       // nanobind exports a framework-less ndarray as a DLPack capsule (older versions: an
       // object with __dlpack__).
       if (PyCapsule_CheckExact(nd.ptr())) return Types().torch_from_dlpack(nd);

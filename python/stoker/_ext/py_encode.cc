@@ -1,10 +1,11 @@
 // Mapping one Python object onto wire nodes: as it is (kAsIs, a collate_fn's output) or as
 // default_convert returns it (kConvert, batch_size=None). Containers keep their type, tensors
 // and arrays are laid out flat, anything else is pickled.
+#include "py_encode.h"
+
 #include <string>
 #include <vector>
 
-#include "py_encode.h"
 #include "stoker/strided_copy.h"
 
 namespace stoker::py {

@@ -1,7 +1,7 @@
 // The Python types the encoder and decoder recognise, looked up once per process.
-#include "common.h"
-
 #include <string>
+
+#include "common.h"
 
 namespace stoker::py {
 
@@ -17,7 +17,8 @@ PyTypes& Types() {
         t->torch_tensor = torch.attr("Tensor").ptr();
         Py_INCREF(t->torch_tensor);
         nb::object torch_c = torch.attr("_C");
-        if (nb::hasattr(torch_c, "_from_dlpack")) t->torch_from_dlpack = torch_c.attr("_from_dlpack");
+        if (nb::hasattr(torch_c, "_from_dlpack"))
+          t->torch_from_dlpack = torch_c.attr("_from_dlpack");
         t->torch_strided = torch.attr("strided").ptr();
         Py_INCREF(t->torch_strided);
         // The wire's dtype names are torch's (DTypeName), so the table is built from them.

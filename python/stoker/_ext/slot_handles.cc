@@ -1,12 +1,11 @@
 #include "slot_handles.h"
 
+#include <nanobind/stl/shared_ptr.h>
 #include <pthread.h>
 
 #include <algorithm>
 #include <mutex>
 #include <set>
-
-#include <nanobind/stl/shared_ptr.h>
 
 #include "py_decode.h"
 #include "stoker/slot.h"
@@ -103,8 +102,7 @@ SlotLease::~SlotLease() {
 }
 
 nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t nbytes, bool shared,
-                      uint32_t generation, nb::object keep,
-                      std::shared_ptr<ReleaseGate> gate) {
+                      uint32_t generation, nb::object keep, std::shared_ptr<ReleaseGate> gate) {
   const size_t available = segment->size() - offset;
   DecodedBatch batch;
   Status st = DecodeBatch(segment->data() + offset, std::min<uint64_t>(nbytes, available), &batch);
@@ -128,7 +126,8 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
 nb::object PendingBatch::Decode(std::shared_ptr<ReleaseGate> gate) {
   if (owner != getpid()) {
     RaiseStoker("EngineError", "this batch belongs to the loader of process " +
-                                   std::to_string(owner) + "; a forked child cannot take it. "
+                                   std::to_string(owner) +
+                                   "; a forked child cannot take it. "
                                    "Iterate a DataLoader created in the child instead.");
   }
   if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
