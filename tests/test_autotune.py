@@ -16,6 +16,7 @@ from conftest import write_file
 from stoker import _system as _cgroup
 from stoker.autotune import measure as _measure
 from stoker.autotune import tuner as _autotune
+from stoker.placements.base import WorkerView
 
 GiB = 1 << 30
 
@@ -214,15 +215,10 @@ def test_the_first_look_adds_the_workers_within_a_few_batches(monkeypatch):
 
 def test_a_tiny_epoch_still_gets_its_first_look_after_a_window(monkeypatch):
     class Workers:
-        def status(self, w):
-            return {"seconds_in": {"loading": 0.0, "collating": 0.0, "encoding": 0.0},
-                    "rss_bytes": 1}
-
-        def pid(self, w):
-            return 1
-
-        def cpu_seconds(self, w):
-            return 0.0
+        def view(self, w):
+            return WorkerView(1, 0.0, 0.0, 0.0, False, {
+                "seconds_in": {"loading": 0.0, "collating": 0.0, "encoding": 0.0},
+                "rss_bytes": 1})
 
         def slot_usage(self):
             return {}
@@ -571,15 +567,10 @@ def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
             self.pids = {0: 101, 1: 102}
             self.busy = {0: 5.0, 1: 5.0}
 
-        def status(self, w):
-            return {"seconds_in": {"loading": self.busy[w], "collating": 0.0, "encoding": 0.0},
-                    "rss_bytes": 1}
-
-        def pid(self, w):
-            return self.pids[w]
-
-        def cpu_seconds(self, w):
-            return 0.0
+        def view(self, w):
+            return WorkerView(self.pids[w], 0.0, 0.0, 0.0, False, {
+                "seconds_in": {"loading": self.busy[w], "collating": 0.0, "encoding": 0.0},
+                "rss_bytes": 1})
 
         def slot_usage(self):
             return {"bytes_mapped": 4 << 20, "slots": 4}

@@ -4,18 +4,23 @@ no byte leaves 127.0.0.1 and the kernel ends every Ray daemon with the namespace
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="Ray is not installed (pip install 'stoker[ray]')")
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
+                    reason="the Ray tests start their cluster in a loopback-only network "
+                           "namespace: they need `unshare` and root")
 def test_ray_placement_on_a_loopback_cluster():
-    assert shutil.which("unshare") and os.geteuid() == 0, (
-        "the Ray tests need `unshare` and root to start their cluster in a loopback-only "
-        "network namespace")
     env = dict(os.environ, STOKER_RAY_NETNS="1", RAY_USAGE_STATS_ENABLED="0",
                PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -x -p no:cacheprovider "

@@ -1,7 +1,9 @@
 """The task table on its own (iterators/tasks.py): torch's scheduling, the reorder buffer, what a
-death re-issues. Pure bookkeeping: no processes."""
+death re-issues, changed only through the table's methods. Pure bookkeeping: no processes."""
 
 from __future__ import annotations
+
+import pytest
 
 from stoker.iterators.tasks import NO_BATCH, TaskTable
 
@@ -27,7 +29,7 @@ def test_tasks_go_round_the_workers_as_torchs_do():
 
 def test_only_the_active_limit_takes_tasks():
     t = TaskTable(4, prefetch_factor=1, in_order=True)
-    t.limit = 2
+    t.set_limit(2)
     assert t.max_tasks == 2
     assert [w for _, w in _fill(t, 5)] == [0, 1]
 
@@ -42,25 +44,58 @@ def test_results_wait_in_order_and_come_out_in_the_samplers_order():
     t = TaskTable(2, prefetch_factor=2, in_order=True)
     _fill(t, 4)
     # task 1 arrives first: it waits in the reorder buffer behind task 0
-    t.received(1)
-    t.info[1].append("result 1")
-    assert t.worker_of_next() == (0, False)
-    t.received(0)
-    t.info.pop(0)
-    t.rcvd_idx += 1
-    assert t.worker_of_next() == (1, True)
-    assert t.take_next() == (1, 1, "result 1")
-    assert t.rcvd_idx == 2 and t.is_live(2) and not t.is_live(1)
+    t.accept(1, "result 1")
+    assert t.take_ready() is None and t.waiting_on() == 0
+    assert t.outstanding == 3 and not t.is_live(1)
+    t.accept(0, "result 0")
+    first, second = t.take_ready(), t.take_ready()
+    assert (first.number, first.worker, first.result) == (0, 0, "result 0")
+    assert (second.number, second.worker, second.result) == (1, 1, "result 1")
+    assert t.take_ready() is None and t.next_to_hand_out == 2 and t.is_live(2)
+    assert t.held_by(0) == 1 and t.held_by(1) == 1 and not t.finished()
+
+
+def test_out_of_order_results_come_out_as_they_arrive():
+    t = TaskTable(2, prefetch_factor=1, in_order=False)
+    _fill(t, 2)
+    t.accept(1, "result 1")
+    task = t.take_ready()
+    assert (task.number, task.result) == (1, "result 1") and t.take_ready() is None
+    t.accept(0, "result 0")
+    assert t.take_ready().number == 0 and t.finished()
+
+
+def test_a_result_is_taken_once():
+    t = TaskTable(1, prefetch_factor=1, in_order=True)
+    _fill(t, 1)
+    t.accept(0, "result 0")
+    with pytest.raises(AssertionError):
+        t.accept(0, "a late duplicate")
 
 
 def test_an_ended_stream_frees_the_places_of_tasks_it_will_never_answer():
     t = TaskTable(2, prefetch_factor=2, in_order=True)
     _fill(t, 4)  # worker 0 has tasks 0 and 2, worker 1 has 1 and 3
-    t.active[0] = False
-    t.ended(0)
+    t.retire(0)
     assert t.outstanding == 2 and t.in_flight(0) == [] and t.has_room()
+    assert not t.is_active(0) and t.taking() == [1] and not t.is_live(0)
     # the tasks of the ended worker are skipped when their turn comes
-    assert t.worker_of_next() == (1, False) and t.rcvd_idx == 1
+    assert t.take_ready() is None and t.waiting_on() == 1 and t.next_to_hand_out == 1
+    t.accept(1, "result 1")
+    t.accept(3, "result 3")
+    assert [t.take_ready().number, t.take_ready().number] == [1, 3] and t.finished()
+
+
+def test_a_reissued_task_forgets_its_skips_and_may_move():
+    t = TaskTable(2, prefetch_factor=2, in_order=True)
+    _fill(t, 2)
+    t.add_skips(0, [(0, "flaky")])
+    t.reissue(0, [0], worker_id=1)
+    assert t.take_skips(0) == [] and t.in_flight(1) == [0, 1]
+    assert t.held_by(0) == 0 and t.held_by(1) == 2
+    t.add_skips(1, [(1, "bad")])
+    t.reissue(1, NO_BATCH)  # every sample of it quarantined meanwhile
+    assert t.index_of(1) is NO_BATCH and t.take_skips(1) == []
 
 
 def test_indices_of_tasks_for_a_death_report():
@@ -74,11 +109,12 @@ def test_indices_of_tasks_for_a_death_report():
 def test_every_epoch_starts_empty_and_drain_hands_back_what_waits():
     t = TaskTable(2, prefetch_factor=1, in_order=True)
     _fill(t, 2)
-    t.info[1].append("late")
-    t.synthetic.append((0, NO_BATCH))
-    assert list(t.drain()) == ["late"] and not t.synthetic
+    t.accept(1, "late")
+    t.accept(0, NO_BATCH)
+    assert sorted(map(repr, t.drain())) == ["'late'", "NO_BATCH"] and t.finished()
     t.reset()
-    assert t.send_idx == t.rcvd_idx == t.outstanding == 0 and t.worker_of_next() is None
+    assert t.sent == t.next_to_hand_out == t.outstanding == 0 and t.take_ready() is None
+    assert t.finished()
 
 
 def test_out_of_order_delivery_balances_by_tasks_held():

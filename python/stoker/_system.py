@@ -7,7 +7,8 @@ the cgroup tree.
   counters read before and after the death: the memory cgroup's (v2 ``memory.events``, v1
   ``memory.oom_control``) and the kernel's (``/proc/vmstat``).
 - CPUs: the affinity mask capped by the cgroup's CPU quota.
-- A process: its state letter and its CPU seconds (``/proc/PID/stat``).
+- A process: its state letter and its CPU seconds (``/proc/PID/stat``), its resident size
+  (``/proc/PID/statm``).
 
 Plain functions over files, safe from any thread. The roots are module variables so that tests
 can point them at a fake tree.
@@ -208,6 +209,31 @@ def cpu_seconds(pid) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICKS
     except (TypeError, IndexError, ValueError):
         return 0.0
+
+
+def stopped_and_cpu(pid) -> tuple[bool, float]:
+    """(`pid` is stopped, its CPU seconds) from one read of ``/proc/PID/stat`` ((False, 0.0)
+    when it is gone)."""
+    fields = _stat_fields(pid) if pid is not None else None
+    if not fields:
+        return False, 0.0
+    try:
+        cpu = (int(fields[11]) + int(fields[12])) / _TICKS
+    except (IndexError, ValueError):
+        cpu = 0.0
+    return fields[0] in ("T", "t"), cpu
+
+
+def resident_bytes(pid="self") -> int:
+    """The resident set size of `pid` (this process by default), 0 when unknown."""
+    text = _read(f"{_PROC}/{pid}/statm")
+    try:
+        return int(text.split()[1]) * _PAGE
+    except (AttributeError, IndexError, ValueError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _keyed_kb(text: str, key: str) -> int | None:

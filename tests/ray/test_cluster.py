@@ -72,6 +72,30 @@ def test_mixed_local_and_remote_workers(clean):
     del it
 
 
+def test_a_mixed_loader_splits_the_cap_and_held_batches_end_in_shared_memory_limit_error(
+        clean, monkeypatch):
+    """max_shared_memory is divided among all the workers, local and remote: the actor gets
+    its share, not the whole cap. A loop that keeps every batch fills that share; the actor's
+    next task waits its patience and then fails with SharedMemoryLimitError saying what the
+    user holds (it used to go on silently after a hard-coded 30 s)."""
+    from stoker.engine import worker as _loop
+
+    monkeypatch.setattr(_loop, "SHARED_MEMORY_PATIENCE_S", 3.0)  # (the actor's room, here)
+    cap = 16 << 20  # 8 MiB for each of the two workers; each batch is 4 MiB
+    loader = stoker.DataLoader(Squares(n=40, shape=(1 << 20,)), batch_size=1, num_workers=2,
+                               max_shared_memory=cap, in_order=False,
+                               placement=ray_placement(local_workers=1))
+    kept = []
+    with pytest.raises(stoker.SharedMemoryLimitError) as err:
+        for b in loader:
+            kept.append(b)
+    msg = str(err.value)
+    assert "worker 1 (a Ray actor)" in msg and "share of max_shared_memory is 8.0 MiB" in msg, msg
+    assert "still held by your code" in msg and "In all, your code holds" in msg, msg
+    assert 2 <= len(kept) < 40, len(kept)
+    del kept, loader
+
+
 def test_a_dataset_with_a_shared_list_is_shipped_once_and_read_where_it_lies(clean):
     """stoker.SharedList travels as its one buffer, which Ray keeps once per node; the actors
     read items from it (no memfd there: the object store's memory)."""

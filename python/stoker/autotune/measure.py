@@ -24,8 +24,8 @@ FIRST_BATCHES = 4
 
 class Measure:
     def __init__(self, stats, workers, usable_cpus: int, shared_memory_share: int | None = None):
-        """`stats`: the iterator's (``waited_s``); `workers`: the placement (``status``,
-        ``pid``, ``cpu_seconds``, ``slot_usage``)."""
+        """`stats`: the iterator's (``waited_s``); `workers`: the placement (``view``,
+        ``slot_usage``)."""
         self._stats = stats
         self._workers = workers
         self._cpus = usable_cpus
@@ -39,15 +39,16 @@ class Measure:
         rss = 0
         pids = []
         for w in ids:
-            st = self._workers.status(w)
+            v = self._workers.view(w)
+            st = v.status if v is not None else None
             if st:
                 s = st["seconds_in"]
                 busy += s["loading"] + s["collating"] + s["encoding"]
                 rss = max(rss, st["rss_bytes"])
-            pid = self._workers.pid(w)
+            pid = v.pid if v is not None else None
             pids.append(pid)
             if pid is not None:
-                cpu += self._workers.cpu_seconds(w)
+                cpu += v.cpu_seconds
         return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
                 tuple(ids), tuple(pids), self._stats.yielded)
 
@@ -80,7 +81,7 @@ class Measure:
             # while the loop waited for the death to be handled)
             return None
         usage = self._workers.slot_usage() or {}
-        started = max(1, sum(1 for w in ids if self._workers.pid(w) is not None))
+        started = max(1, sum(1 for pid in now[7] if pid is not None))
         mapped, slots = int(usage.get("bytes_mapped", 0)), int(usage.get("slots", 0))
         headroom, limit = _system.memory_headroom()
         return Window(

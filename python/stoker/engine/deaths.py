@@ -1,5 +1,6 @@
 """Naming a worker's death in words a person can act on: the record of one death, and the text
-for a signal, an exit code, an out-of-memory kill or a hang. Pure functions (they read the
+for a signal, an exit code, an out-of-memory kill or a hang (the hang's words are every
+placement's: ``describe_hang``). Pure functions (they read the
 memory cgroup for an OOM kill's figures); any thread."""
 
 from __future__ import annotations
@@ -68,32 +69,39 @@ def last_stack(crash_log: str) -> str:
     return text[-4000:]
 
 
+def describe_hang(seconds: float, stack: str, *, index=None, stuck=None, where: str = ""):
+    """(short cause, explanation) of a worker killed for a hang (``hang_timeout``): it hung for
+    `seconds` on `index`, or (`stuck`: the watch's description) never took its queued work;
+    `where`: what runs it, in words ("(Ray actor on node 10.0.0.2) "), placed first."""
+    at = f" while loading dataset index {index!r}" if index is not None else ""
+    if stuck is not None:
+        cause = "did not take its queued work and was killed (hang_timeout)"
+        text = f"{where}{cause}: {stuck}."
+    else:
+        cause = f"hung for {seconds:.1f} s and was killed (hang_timeout)"
+        text = f"{where}hung for {seconds:.1f} s{at} and was killed (hang_timeout)."
+    if stack:
+        text += f"\nIts Python stack when it was stopped:\n{stack}"
+    text += (
+        "\nWhat to do: find what that sample waits on (a network filesystem, a lock, a "
+        "subprocess); raise hang_timeout if the sample is legitimately slow."
+        if stuck is None else
+        "\nWhat to do: a worker that never reads its tasks is usually stopped by a "
+        "debugger or a cgroup freezer, or deadlocked on a lock inherited at fork from "
+        "another thread of this process: start workers with "
+        "multiprocessing_context='forkserver' or 'spawn', or create threads after the "
+        "DataLoader's workers."
+    )
+    return cause, text
+
+
 def describe(signum, exit_code, core, *, oom, rss, index, crash_log, stderr_tail, hung=None,
              stuck=None):
     """(short cause, full explanation with what to do). The short cause does not name the
     index (``Death.__str__`` and messages add it once); the explanation does."""
     at = f" while loading dataset index {index!r}" if index is not None else ""
     if hung is not None:
-        seconds, stack = hung
-        if stuck is not None:
-            cause = "did not take its queued work and was killed (hang_timeout)"
-            text = f"{cause}: {stuck}."
-        else:
-            cause = f"hung for {seconds:.1f} s and was killed (hang_timeout)"
-            text = f"hung for {seconds:.1f} s{at} and was killed (hang_timeout)."
-        if stack:
-            text += f"\nIts Python stack when it was stopped:\n{stack}"
-        text += (
-            "\nWhat to do: find what that sample waits on (a network filesystem, a lock, a "
-            "subprocess); raise hang_timeout if the sample is legitimately slow."
-            if stuck is None else
-            "\nWhat to do: a worker that never reads its tasks is usually stopped by a "
-            "debugger or a cgroup freezer, or deadlocked on a lock inherited at fork from "
-            "another thread of this process: start workers with "
-            "multiprocessing_context='forkserver' or 'spawn', or create threads after the "
-            "DataLoader's workers."
-        )
-        return cause, text
+        return describe_hang(*hung, index=index, stuck=stuck)
     if signum == _signal.SIGKILL and oom:
         limit, usage = _system.memory_limit_and_usage()
         cause = "was killed by the out-of-memory killer (SIGKILL)"

@@ -2,9 +2,10 @@
 
 It composes parts that each own their state and are reached through their methods:
 
-- ``TaskTable`` (tasks.py): which worker has which task, the reorder buffer, re-issue records;
-- ``Workers`` (placements/): where workers run; today ``LocalProcesses``. Everything here talks
-  to workers only through that interface;
+- ``TaskTable`` (tasks.py): one record per task (its worker, its index, its result or that it
+  is pending, its skips), the order they are handed out in, what a death re-issues;
+- ``Workers`` (placements/): where workers run (local processes, Ray actors, or both).
+  Everything here talks to workers only through that interface;
 - ``Supervision`` (supervision.py): starts workers, waits on them, and handles each death, with
   ``HangWatch`` (watch.py: samples that take too long, workers that do not take their work) and
   ``Recovery`` (recovery.py: restart or raise, the budget, quarantine, skips);
@@ -43,7 +44,6 @@ from ..engine.events import (
     EpochBegun,
     SamplesSkipped,
     StreamEnded,
-    StreamState,
     TaskFailed,
 )
 from ..engine.fetch import ITERABLE, MAP
@@ -100,8 +100,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
                             "stoker.DataLoader" else f"{served_by} {cls}")
-        self.workers = workers_for(options.placement, context_for(loader), n, self._board.token,
-                                   options.shared_memory_cap())
+        self.workers = workers_for(options.placement, context_for(loader), n, self._board.token)
         self._watch = HangWatch(self.workers)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._recovery = Recovery(self._records, options, n, self._kind == MAP,
@@ -117,9 +116,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                                      tune_workers=tune_workers, tune_depth=tune_depth,
                                      dataset=self._dataset,
                                      batch_size=getattr(loader, "batch_size", None))
-            self._tasks.limit = self._tuner.initial_workers
+            self._tasks.set_limit(self._tuner.initial_workers)
             if self._tuner.initial_depth is not None:
-                self._tasks.prefetch_factor = self._tuner.initial_depth
+                self._tasks.set_depth(self._tuner.initial_depth)
         # max_shared_memory is divided among the workers running (num_workers="auto" starts
         # some of them; each one added takes its part from the others: set_workers).
         self._shm_share = shared_memory_share(self._shm_cap, self._tasks.limit)
@@ -223,53 +222,48 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         index = self._sup.without_quarantined(index)
         task = t.add(worker_id, index)
         self._cursor.sent(task)
-        if index is NO_BATCH:
-            t.synthetic.append((task, NO_BATCH))
+        if index is NO_BATCH:  # every sample of it is quarantined: its outcome is here
+            t.accept(task, NO_BATCH)
             return
         self._sup.send_task(worker_id, task, index)
 
     # -- results -------------------------------------------------------------------------------
-    def _get_data(self):
+    def _collect(self) -> None:
+        """Waits for the next event and gives what it says to the task table: an outcome (a
+        batch handle, a WorkerFailure, NO_BATCH), skips, a stream's state or its end. Returns
+        after one event, or after a death made an outcome (a quarantined task)."""
         t = time.monotonic()
         try:
-            return self._receive()
+            ev = self._sup.wait()
         finally:
             self._stats.waited(time.monotonic() - t)
-
-    def _receive(self):
-        """(task, result) of the next outcome: a batch handle, a WorkerFailure, NO_BATCH, or
-        a StreamEnded."""
+        if ev is None or isinstance(ev, EpochBegun):  # a death made a result; a late answer
+            return
         tasks = self._tasks
-        while True:
-            if tasks.synthetic:
-                task, data = tasks.synthetic.popleft()
-                if tasks.is_live(task):
-                    return task, data
-                continue
-            ev = self._sup.wait()
-            if ev is None or isinstance(ev, EpochBegun):  # a death made a result; a late answer
-                continue
-            live = tasks.is_live(ev.task)
-            if live:
-                self._cursor.observe(ev)  # a stream's state, and the outcomes it goes with
-            if isinstance(ev, StreamState):
-                continue
-            if isinstance(ev, SamplesSkipped):
-                if live:  # (a late duplicate's skips were its first attempt's, voided)
-                    tasks.add_skips(ev.task, ev.records)
-                    if ev.dropped:
-                        return ev.task, NO_BATCH
-                continue
-            if not live:
-                if isinstance(ev, BatchReady):
-                    ev.batch.discard()  # a late duplicate (a re-issued task's first attempt)
-                continue
+        if not tasks.is_live(ev.task):  # a late duplicate (a re-issued task's first attempt)
             if isinstance(ev, BatchReady):
-                return ev.task, ev.batch
-            if isinstance(ev, TaskFailed):
-                return ev.task, WorkerFailure(ev.report)
-            if isinstance(ev, StreamEnded):
-                return ev.task, ev
+                ev.batch.discard()
+            return
+        self._cursor.observe(ev)  # a stream's state, and the outcomes it goes with
+        if isinstance(ev, SamplesSkipped):
+            tasks.add_skips(ev.task, ev.records)
+            if ev.dropped:
+                tasks.accept(ev.task, NO_BATCH)
+        elif isinstance(ev, BatchReady):
+            tasks.accept(ev.task, ev.batch)
+        elif isinstance(ev, TaskFailed):
+            tasks.accept(ev.task, WorkerFailure(ev.report))
+        elif isinstance(ev, StreamEnded):
+            self._stream_ended(ev)
+
+    def _stream_ended(self, ev: StreamEnded) -> None:
+        """A worker's IterableDataset ran out: it takes no more tasks this epoch."""
+        # skipped before the stream ended: recorded in their turn
+        self._handout.later(self._record_skips, self._tasks.take_skips(ev.task))
+        self._tasks.retire(ev.worker)
+        if not self._persistent_workers:
+            self._mark_worker_as_unavailable(ev.worker)
+        self._try_put_index()
 
     def __next__(self):
         if self._cursor.pending() and not self.closed:
@@ -294,53 +288,25 @@ class MultiProcessIter(_torch_compat.base_iterator()):
     def _next_host(self):
         """The next batch as host tensors (views of its slot), in torch's order."""
         t = self._tasks
-        while True:
-            nxt = t.worker_of_next()
-            if nxt is None:
-                self._handout.later(self._cursor.finished)
-                if not self._persistent_workers:
-                    self._shutdown_workers()
-                raise StopIteration
-            if nxt[1]:  # its result came out of turn and waits in the reorder buffer
-                task, worker_id, data = t.take_next()
-                out = self._process_data(data, worker_id, task)
-                if out is NO_BATCH:
-                    continue
-                return out
-
-            assert not self.closed and t.outstanding > 0
-            task, data = self._get_data()
-            t.received(task)
-            if isinstance(data, StreamEnded):
-                # skipped before the stream ended: recorded in their turn
-                self._handout.later(self._record_skips, t.take_skips(task))
-                if self._persistent_workers:
-                    t.active[data.worker] = False
-                else:
-                    self._mark_worker_as_unavailable(data.worker)
-                t.ended(data.worker)
-                self._try_put_index()
+        while not t.finished():
+            task = t.take_ready()
+            if task is None:  # the next one's result has not come: wait for an event
+                assert not self.closed and t.outstanding > 0
+                self._collect()
                 continue
-            if task != t.rcvd_idx:
-                if not self._in_order:
-                    worker_id = t.info.pop(task)[0]
-                    out = self._process_data(data, worker_id, task)
-                    if out is NO_BATCH:
-                        continue
-                    return out
-                t.info[task].append(data)
-            else:
-                worker_id = t.info.pop(task)[0]
-                t.rcvd_idx += 1
-                out = self._process_data(data, worker_id, task)
-                if out is NO_BATCH:
-                    continue
+            out = self._process_data(task)
+            if out is not NO_BATCH:
                 return out
+        self._handout.later(self._cursor.finished)
+        if not self._persistent_workers:
+            self._shutdown_workers()
+        raise StopIteration
 
-    def _process_data(self, data, worker_id, task):
-        self._tasks.done(worker_id)
-        self._handout.later(self._delivered, task, self._tasks.take_skips(task))
+    def _process_data(self, task):
+        """Hands out `task`'s outcome (it left the table): the batch, or its error raised."""
+        self._handout.later(self._delivered, task.number, task.skips)
         self._try_put_index()
+        data = task.result
         if data is NO_BATCH:
             return NO_BATCH
         if isinstance(data, WorkerFailure):
@@ -365,7 +331,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._recovery.record_skip(index, reason, self._board)
 
     def _mark_worker_as_unavailable(self, worker_id, shutdown=False) -> None:
-        self._tasks.active[worker_id] = False
+        """torch's name: the worker's stream ended and it is not persistent: it is stopped."""
         self.workers.stop(worker_id)
         self._watch.forget(worker_id)
 
@@ -377,47 +343,48 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         return self._tasks.limit
 
     def taking(self) -> list[int]:
-        t = self._tasks
-        return [w for w in range(t.limit) if t.active[w]]
+        return self._tasks.taking()
+
+    def _running(self) -> list[int]:
+        return [w for w in range(self._num_workers) if self.workers.view(w) is not None]
 
     def set_workers(self, active: int) -> None:
         t = self._tasks
-        new = [w for w in range(t.limit, active) if not self.workers.has(w)]
+        running = self._running()
+        new = [w for w in range(t.limit, active) if w not in running]
         if new:  # the running workers give up part of their share first
-            running = sum(1 for w in range(self._num_workers) if self.workers.has(w))
-            self._share_memory(running + len(new))
+            self._share_memory(len(running) + len(new), running)
         for w in new:
             self._sup.start(w)
-        t.limit = active
+        t.set_limit(active)
 
-    def _share_memory(self, workers: int) -> None:
+    def _share_memory(self, workers: int, running: list[int]) -> None:
         share = shared_memory_share(self._shm_cap, workers)
         if share == self._shm_share:
             return
         self._shm_share = share
-        for w in range(self._num_workers):
-            if self.workers.has(w):
-                self.workers.set_memory_share(w, share)
+        for w in running:
+            self.workers.set_memory_share(w, share)
         self._sup.config = dataclasses.replace(self._sup.config, shared_memory_share=share)
         if self._tuner is not None:
             self._tuner.set_memory_share(share)
 
     def set_depth(self, depth: int) -> None:
-        self._tasks.prefetch_factor = depth
+        self._tasks.set_depth(depth)
 
     def refill(self) -> None:
         t = self._tasks
         while t.has_room() and not self.closed:
-            sent = t.send_idx
+            sent = t.sent
             self._try_put_index()
-            if t.send_idx == sent:  # the sampler is done for this epoch
+            if t.sent == sent:  # the sampler is done for this epoch
                 break
 
     # -- observing (any thread) ------------------------------------------------------------------
     def stats(self) -> dict:
         out = self._stats.snapshot()
         t = self._tasks
-        out["tasks"] = {"sent": t.send_idx, "in_flight": t.outstanding,
+        out["tasks"] = {"sent": t.sent, "in_flight": t.outstanding,
                         "active_workers": t.limit, "prefetch_factor": t.prefetch_factor}
         if self._tuner is not None:
             out["autotune"] = self._tuner.snapshot()

@@ -99,7 +99,8 @@ class Supervision:
 
     # -- sending ---------------------------------------------------------------------------------
     def send_task(self, worker_id: int, task: int, index) -> None:
-        if not self.workers.send_task(worker_id, task, index) and not self.workers.has(worker_id):
+        if not self.workers.send_task(worker_id, task, index) and \
+                self.workers.view(worker_id) is None:
             # A dying worker's tasks are re-issued when its death is seen; one that is not
             # running at all would never answer: fail loudly rather than wait forever.
             raise EngineError(f"stoker: task {task} went to worker {worker_id}, which is not "
@@ -124,7 +125,7 @@ class Supervision:
         self._beginning = True
         waiting = self._awaiting
         for w in range(self.workers.num_workers):
-            if self.workers.has(w):
+            if self.workers.view(w) is not None:
                 # If it died, the wait below sees it.
                 self.workers.begin_epoch(w, epoch, payload)
                 waiting.add(w)
@@ -151,8 +152,8 @@ class Supervision:
 
     def wait(self):
         """The next event; deaths are handled (restart or raise) on the way. None when a death
-        produced something the caller must look at (a synthetic result, a restart while a new
-        epoch begins)."""
+        produced something the caller must look at (an outcome made without a worker: a task
+        whose samples are all quarantined; a restart while a new epoch begins)."""
         timeout = self._timeout if self._timeout > 0 else None
         hang = self._hang_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -175,8 +176,7 @@ class Supervision:
                     raise self._timeout_error()
                 continue
             if isinstance(ev, WorkerExited):
-                self._on_exit(ev)
-                if self._tasks.synthetic or self._restarted_meanwhile:
+                if self._on_exit(ev) or self._restarted_meanwhile:
                     return None
                 continue
             if isinstance(ev, WorkerLost):
@@ -196,12 +196,10 @@ class Supervision:
 
     def _timeout_error(self):
         t = self._tasks
-        info = t.info.get(t.rcvd_idx)
-        if info and len(info) == 1:
-            w = info[0]
-        else:  # a new epoch of persistent workers waits for one to answer
+        w = t.waiting_on()
+        if w is None:  # a new epoch of persistent workers waits for one to answer
             w = min(self._awaiting, default=None)
-        return self._watch.timeout_error(self._timeout, t.rcvd_idx, w)
+        return self._watch.timeout_error(self._timeout, t.next_to_hand_out, w)
 
     def _on_lost(self, ev: WorkerLost) -> None:
         """A worker cannot run now: its tasks go to the workers that can, in their order (the
@@ -212,7 +210,7 @@ class Supervision:
             log.warning("stoker: %s; worker %d's stream waits for it (an IterableDataset's "
                         "share cannot move to another worker).", ev.reason, w)
             return
-        t.unavailable.add(w)
+        t.mark_unavailable(w)
         moved = self._rehome(w)
         log.warning("stoker: %s; its %d batch(es) went to the other workers, and it joins "
                     "again when the cluster has room.", ev.reason, moved)
@@ -227,9 +225,8 @@ class Supervision:
             to = self._running_worker()
             if to is None:
                 break
-            t.move(task, to)
-            t.reissued(task)
-            self.send_task(to, task, t.index[task])
+            t.reissue(task, t.index_of(task), to)
+            self.send_task(to, task, t.index_of(task))
             moved += 1
         return moved
 
@@ -245,21 +242,24 @@ class Supervision:
             w = t.pick_worker()
             if w is None:
                 break
-            if self.workers.has(w):
+            if self.workers.view(w) is not None:
                 return w
+        lost = t.unavailable
         running = [w for w in range(min(t.limit, t.num_workers))
-                   if t.active[w] and w not in t.unavailable and self.workers.has(w)]
-        return min(running, key=lambda w: t.per_worker[w], default=None)
+                   if t.is_active(w) and w not in lost and self.workers.view(w) is not None]
+        return min(running, key=t.held_by, default=None)
 
     def _on_ready(self, w: int) -> None:
         t = self._tasks
-        t.unavailable.discard(w)
+        t.mark_available(w)
         for task in t.in_flight(w):  # what could not move while it was lost
-            self.send_task(w, task, t.index[task])
+            self.send_task(w, task, t.index_of(task))
         log.info("stoker: worker %d runs again and takes work.", w)
 
     # -- deaths ----------------------------------------------------------------------------------
-    def _on_exit(self, ex: WorkerExited) -> None:
+    def _on_exit(self, ex: WorkerExited) -> bool:
+        """Restarts the worker and re-issues its tasks (or raises, per the policy); True when a
+        re-issued task has no sample left to load (all quarantined): its outcome is here."""
         self._watch.forget(ex.worker)
         t = self._tasks
         tasks = t.in_flight(ex.worker)
@@ -283,11 +283,13 @@ class Supervision:
         self.start(ex.worker, config)
         if self._beginning:
             self._restarted_meanwhile.add(ex.worker)
+        made = False
         for task in tasks:  # in their original order: results keep their places
-            t.reissued(task)
-            index = self.without_quarantined(t.index[task])
-            t.index[task] = index
+            index = self.without_quarantined(t.index_of(task))
+            t.reissue(task, index)
             if index is NO_BATCH:
-                t.synthetic.append((task, NO_BATCH))
+                t.accept(task, NO_BATCH)
+                made = True
             else:
                 self.send_task(ex.worker, task, index)
+        return made

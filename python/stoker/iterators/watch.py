@@ -2,9 +2,10 @@
 does not take the work queued to it (deadlocked at start-up on a lock inherited at fork, stopped
 by a debugger or a cgroup freezer).
 
-It reads the workers through the placement's interface only (status, stopped, last message sent,
-start time, stack) and, past ``hang_timeout``, has the placement kill the worker with the reason
-(``Workers.kill``), so that the death is named with it and handled as any death.
+It reads the workers through the placement's interface only (``Workers.view``: status, stopped,
+last message sent, start time; and the stack) and, past ``hang_timeout``, has the placement kill
+the worker with the reason (``Workers.kill``), so that the death is named with it and handled as
+any death.
 
 Thread contract: ``check`` and ``forget`` are called by the thread that iterates; ``stuck`` may be
 called from any thread (it returns a copy).
@@ -93,12 +94,12 @@ class HangWatch:
         for w in range(ws.num_workers):
             if w in self._killed:
                 continue
-            if not ws.has(w):  # stopped (its stream ended, a shutdown): nothing to watch
+            v = ws.view(w)
+            if v is None:  # stopped (its stream ended, a shutdown): nothing to watch
                 self._stuck.pop(w, None)
                 continue
-            st = ws.status(w)
-            stopped = ws.is_stopped(w)
-            if st is not None and st["state"] in BUSY and not stopped:
+            st = v.status
+            if st is not None and st["state"] in BUSY and not v.stopped:
                 self._stuck.pop(w, None)
                 limit = hang_timeout
                 if limit is not None and st["state"] == "encoding":
@@ -108,10 +109,11 @@ class HangWatch:
                     limit = max(limit, 2 * _loop.SHARED_MEMORY_PATIENCE_S)
                 if limit is not None and st["state_seconds"] > limit:
                     stack = ws.capture_stack(w)
-                    st = ws.status(w) or st  # (a remote worker's status is fresher after it)
+                    after = ws.view(w)  # (a remote worker's status is fresher after it)
+                    st = after.status if after is not None and after.status else st
                     self._kill(w, Hung(st["index"], st["state_seconds"], stack))
                 continue
-            waiting = self._not_taking_work(w, st, stopped, queued.get(w, 0), now)
+            waiting = self._not_taking_work(w, v, queued.get(w, 0), now)
             if waiting is None:
                 self._stuck.pop(w, None)
                 continue
@@ -139,8 +141,9 @@ class HangWatch:
         self._killed.add(w)
         self._workers.kill(w, hung)
 
-    def _not_taking_work(self, w, st, stopped, queued, now):
-        """A Stuck when `w` has a message it has not taken (a task, a new epoch) or is stopped.
+    def _not_taking_work(self, w, v, queued, now):
+        """A Stuck when `w` (its view `v`) has a message it has not taken (a task, a new epoch)
+        or is stopped.
 
         A worker takes a message the moment it is idle (it enters "idle", then reads its
         channel), so one that entered its current idle or starting state *after* the last message
@@ -150,33 +153,33 @@ class HangWatch:
         at least since that message was sent."""
         if queued == 0:
             return None
-        ws = self._workers
-        last_sent = ws.last_sent(w)
-        if stopped:
-            seconds = st["state_seconds"] if st is not None else now - ws.started_at(w)
+        st = v.status
+        if v.stopped:
+            seconds = st["state_seconds"] if st is not None else now - v.started_at
         elif st is None or st["state"] in ("idle", "starting"):
             # (a clock read after the status read: never earlier than the true entry time)
             entered = (time.monotonic() - st["state_seconds"] if st is not None
-                       else ws.started_at(w))
-            if entered >= last_sent:
+                       else v.started_at)
+            if entered >= v.last_sent:
                 return None
-            seconds = now - last_sent
+            seconds = now - v.last_sent
         else:
             return None
         if seconds <= 0.5:
             return None
-        return Stuck(w, ws.pid(w), st["state"] if st else "not started", stopped, seconds, queued)
+        return Stuck(w, v.pid, st["state"] if st else "not started", v.stopped, seconds, queued)
 
     def timeout_error(self, timeout, task: int, worker_id) -> WorkerHung:
         """torch's "DataLoader timed out after N seconds", with the worker that holds `task`
         (or, at an epoch's start, that has not answered), what it is doing and its stack."""
         ws = self._workers
         msg = f"DataLoader timed out after {timeout} seconds"
-        if worker_id is None or not ws.has(worker_id):
+        v = ws.view(worker_id) if worker_id is not None else None
+        if v is None:
             return WorkerHung(msg, worker_id=None, pid=None, index=None, stack="")
         w = worker_id
-        st = ws.status(w) or {}
-        pid = ws.pid(w)
+        st = v.status or {}
+        pid = v.pid
         index = st.get("index")
         stuck = self._stuck.get(w)
         if stuck is not None:

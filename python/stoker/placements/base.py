@@ -2,20 +2,26 @@
 
 Scheduling (which task goes to which worker, in torch's order), supervision (restart, re-issue
 exactly once, quarantine, hang handling), resume and autotune live in ``iterators/`` and talk to
-workers only through ``Workers``. A placement decides where and how a worker runs: local
-processes over the C++ Supervisor (``local.py``) today; threads in this process, or actors on
-other machines, behind the same methods. docs/design/placements.md says what a new one must
-guarantee.
+workers only through ``Workers``. A placement decides where and how a worker runs: processes of
+this machine (``local.py``), actors on a Ray cluster (``ray/``), or some of each (``mixed.py``).
+docs/design/placements.md says what a new one must provide and guarantee.
 
-Thread contract: every method may be called by the thread that iterates; ``has``, ``pid``,
-``status``, ``stats``, ``slot_usage``, ``seconds_in``, ``processes`` and ``shutdown`` may also be
-called from any other thread at any time (monitoring, ``__del__``), and an implementation must
-make them safe for that.
+A placement implements eleven methods: five that change a worker's life (``start``, ``stop``,
+``kill``, ``shutdown``) or send it a message (``send_task``, ``set_memory_share``,
+``begin_epoch``), one wait for events, and three reads (``view``: one record per worker,
+``capture_stack``, ``slot_usage``). Everything the iterator reports (``stats``, ``seconds_in``)
+is built here from those reads, once for every placement.
+
+Thread contract: every method may be called by the thread that iterates; ``view``,
+``capture_stack``, ``slot_usage``, ``stats``, ``seconds_in``, ``where``, ``processes`` and
+``shutdown`` may also be called from any other thread at any time (monitoring, ``__del__``), and
+an implementation must make them safe for that.
 """
 
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 
 
@@ -30,12 +36,34 @@ class Hung:
     stuck: str | None = None  # it never took its queued work: the watch's description
 
 
+@dataclass(frozen=True)
+class WorkerView:
+    """One running worker as its placement sees it now (``Workers.view``): a snapshot of plain
+    values, safe to keep and to read from any thread."""
+
+    pid: int | None  # its process, where it has one (an actor's pid on its node)
+    started_at: float  # ``time.monotonic()`` when it was last started
+    last_sent: float  # ``time.monotonic()`` just before the last message went to it (0: none)
+    cpu_seconds: float  # CPU seconds it used since it started (0 when unknown)
+    stopped: bool  # it cannot run at all (SIGSTOP, a debugger, a frozen cgroup)
+    # Its own report, None before it made one: ``state`` ("starting", "idle", "loading",
+    # "collating", "encoding"), ``state_seconds``, ``index`` and ``position`` of the sample being
+    # loaded, ``task``, ``samples``, ``batches``, ``rss_bytes``, ``bytes_sent``, ``seconds_in``
+    # (seconds per state).
+    status: dict | None
+
+
+# What ``stats()`` reports of a worker's status, and the names it gives the seconds per state.
+_STATUS_FIELDS = ("state", "index", "task", "samples", "batches", "rss_bytes", "bytes_sent")
+_SECONDS = {"getitem": "loading", "collate": "collating", "encode": "encoding", "idle": "idle"}
+
+
 class Workers(abc.ABC):
     """The workers of one iterator, by id ``0 .. num_workers-1``. A worker id may be started
     again after its worker ended (a restart)."""
 
     num_workers: int
-    # How workers start, in words for logs and stats ("fork", "spawn", "forkserver", ...).
+    # How workers start, in words for logs and stats ("fork", "spawn", "forkserver", "ray"...).
     start_method: str
     # How long a worker may take to start before it is named as not taking its work.
     start_grace_s: float = 5.0
@@ -83,54 +111,35 @@ class Workers(abc.ABC):
     @abc.abstractmethod
     def wait(self, timeout_s: float | None):
         """The next event (``engine.events``): an outcome, a stream's state, skips, an
-        ``EpochBegun``, or a ``WorkerExited`` for a worker that ended unexpectedly; None after
+        ``EpochBegun``, a ``WorkerExited`` for a worker that ended unexpectedly, or (a placement
+        whose workers may find no room) ``WorkerLost`` / ``WorkerReady``; None after
         `timeout_s` seconds. Events of one worker come in the order it sent them, and all of
         them before its ``WorkerExited``. Returns promptly on a signal (Ctrl+C)."""
 
     # -- reading ---------------------------------------------------------------------------------
     @abc.abstractmethod
-    def has(self, worker_id: int) -> bool:
-        """The worker is running (started, and its end not yet reported or asked for)."""
-
-    @abc.abstractmethod
-    def pid(self, worker_id: int) -> int | None:
-        """The worker's process id where it has one this machine can see, else None."""
-
-    @abc.abstractmethod
-    def status(self, worker_id: int) -> dict | None:
-        """The worker's own report, None before it made one: ``state`` ("starting", "idle",
-        "loading", "collating", "encoding"), ``state_seconds``, ``index`` and ``position`` of
-        the sample being loaded, ``task``, ``samples``, ``batches``, ``rss_bytes``,
-        ``bytes_sent``, ``seconds_in`` (per state)."""
-
-    @abc.abstractmethod
-    def is_stopped(self, worker_id: int) -> bool:
-        """The worker cannot run at all (SIGSTOP, a debugger, a frozen cgroup)."""
-
-    @abc.abstractmethod
-    def started_at(self, worker_id: int) -> float:
-        """``time.monotonic()`` when the worker was last started."""
-
-    @abc.abstractmethod
-    def last_sent(self, worker_id: int) -> float:
-        """``time.monotonic()`` just before the last message went to the worker (0: none)."""
+    def view(self, worker_id: int) -> WorkerView | None:
+        """The worker now, or None when it is not running (never started, its end reported or
+        asked for)."""
 
     @abc.abstractmethod
     def capture_stack(self, worker_id: int) -> str:
         """The worker's Python stack now ('' when it cannot answer)."""
 
     @abc.abstractmethod
-    def cpu_seconds(self, worker_id: int) -> float:
-        """CPU seconds the worker used since it started (0 when unknown)."""
-
-    @abc.abstractmethod
     def slot_usage(self) -> dict:
         """The batches' memory: ``slots``, ``bytes_mapped``, ``slots_held_by_user``,
         ``bytes_held_by_user``, ``slots_waiting``, ``bytes_waiting``."""
 
-    @abc.abstractmethod
-    def stats(self) -> list[dict]:
-        """Per worker: ``id``, ``pid``, ``alive`` and, while it runs, its status."""
+    # -- optional --------------------------------------------------------------------------------
+    @property
+    def ids(self):
+        """The worker ids this placement runs (``stats()`` lists them)."""
+        return range(self.num_workers)
+
+    def where(self, worker_id: int) -> dict:
+        """What ``stats()`` says of where the worker runs, beyond its pid (Ray: the node)."""
+        return {}
 
     def config_changed(self, config) -> None:
         """The config a worker started now would get (a new epoch, a new memory share): for a
@@ -140,24 +149,39 @@ class Workers(abc.ABC):
 
     def scale_hint(self) -> str:
         """What would give the workers more room, for the data-stall notice."""
-        import os
-
         return (f"More num_workers (this process may use {len(os.sched_getaffinity(0))} CPUs), "
                 "cheaper samples or a larger prefetch_factor would help (num_workers=\"auto\" "
                 "and prefetch_factor=\"auto\" tune both), or workers on more machines "
                 "(placement=stoker.Ray(...)).")
-
-    def seconds_in(self) -> dict:
-        """Seconds all running workers spent in each state."""
-        totals: dict = {}
-        for w in range(self.num_workers):
-            st = self.status(w)
-            for k, v in (st or {}).get("seconds_in", {}).items():
-                totals[k] = totals.get(k, 0.0) + v
-        return totals
 
     @property
     def processes(self) -> list:
         """The latest process of each worker (what torch's iterator keeps in ``_workers``):
         objects with ``pid``, ``is_alive()`` and ``join()`` where the placement has them."""
         return []
+
+    # -- built once, from the reads --------------------------------------------------------------
+    def stats(self) -> list[dict]:
+        """Per worker: ``id``, ``pid``, ``alive``, where it runs and, while it runs, its status
+        (state, index, task, counters, seconds per stage)."""
+        out = []
+        for w in self.ids:
+            v = self.view(w)
+            st = v.status if v is not None else None
+            entry = {"id": w, "pid": v.pid if v is not None else None, "alive": bool(st)}
+            entry.update(self.where(w))
+            if st:
+                entry.update({k: st.get(k) for k in _STATUS_FIELDS})
+                seconds = st.get("seconds_in") or {}
+                entry["seconds"] = {k: seconds.get(s, 0.0) for k, s in _SECONDS.items()}
+            out.append(entry)
+        return out
+
+    def seconds_in(self) -> dict:
+        """Seconds all running workers spent in each state."""
+        totals: dict = {}
+        for w in self.ids:
+            v = self.view(w)
+            for k, s in ((v.status or {}).get("seconds_in", {}) if v else {}).items():
+                totals[k] = totals.get(k, 0.0) + s
+        return totals

@@ -1,4 +1,4 @@
-"""Local processes: the placement of today. Workers are processes of this machine, started with
+"""Local processes: the default placement. Workers are processes of this machine, started with
 the multiprocessing context the user picked, each with a SOCK_SEQPACKET channel, a pidfd and
 memfd slots, all watched by one C++ ``Supervisor`` (the only code that touches it).
 
@@ -6,12 +6,17 @@ It turns the Supervisor's messages into ``engine.events`` and names every unexpe
 (signal, exit code, OOM kill read from the memory cgroup, the crash log's Python stack, the last
 lines of stderr, or the hang the iterator killed it for).
 
+Each worker id has one record (``_Process``: its process, when it started, when a message last
+went to it, whether it was told to leave or killed for a hang), kept from its start until its end
+is seen; ``view`` reads it with the Supervisor's status page and one read of ``/proc``.
+
 Thread contract (``base.Workers``): ``start``, ``stop``, ``kill``, ``send_task``,
 ``begin_epoch`` and ``wait`` are called by the thread that iterates (one at a time: the iterator
-is not re-entrant, like torch's). ``has``, ``pid``, ``status``, ``stats``, ``slot_usage``,
+is not re-entrant, like torch's). ``view``, ``capture_stack``, ``stats``, ``slot_usage``,
 ``seconds_in``, ``processes`` and ``shutdown`` may be called from any thread at any time (a
 monitoring thread, ``stoker top``'s exporter, ``__del__`` run by the garbage collector of another
-thread): Python state is guarded by one lock, and the Supervisor itself is safe for concurrent use.
+thread): the records are guarded by one lock, and the Supervisor itself is safe for concurrent
+use.
 Workers are not tied to the thread that started them: they die with the main *process*.
 """
 
@@ -24,6 +29,7 @@ import signal
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 
 from .. import _stoker, _system
 from .._errors import EngineError
@@ -31,7 +37,7 @@ from ..engine import deaths, fdpass, protocol
 from ..engine.events import WorkerExited, from_message
 from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
 from ..engine.sealed import PerWorker, Sealed
-from .base import Hung, Workers
+from .base import Hung, Workers, WorkerView
 
 log = logging.getLogger("stoker")
 
@@ -43,6 +49,17 @@ BUSY = ("loading", "collating", "encoding")
 # torch's own DataLoader, for one) reset their state after a fork; tqdm's monitor sleeps between
 # brief checks of its bars (every progress-bar user has one: a warning there would be noise).
 _FORK_SAFE_THREADS = ("QueueFeederThread", "tqdm_monitor")
+
+
+@dataclass
+class _Process:
+    """One worker id's process, from its start until its end is seen."""
+
+    proc: object  # the multiprocessing.Process
+    started_at: float  # time.monotonic() at its start
+    last_sent: float = 0.0  # time.monotonic() just before a message last went to it
+    leaving: bool = False  # told to exit (stop): its end is no error and is not reported
+    hung: Hung | None = None  # killed on purpose, for a hang: its death is named with it
 
 
 def _other_threads() -> list[str]:
@@ -62,14 +79,10 @@ class LocalProcesses(Workers):
         self._lock = threading.RLock()
         self._sup = _stoker.Supervisor()
         fdpass.register_supervisor(self._sup)
-        self._procs: list = [None] * num_workers  # the live process of each worker id
+        self._workers: dict[int, _Process] = {}  # worker id -> its process, until its end
         # The latest process of each worker id, live or ended, as torch's iterator keeps them
         # (a restart replaces it, so a long job with restarts holds no growing list).
         self._last_procs: list = [None] * num_workers
-        self._started_at = [0.0] * num_workers
-        self._last_send = [0.0] * num_workers  # when a message last went to each worker
-        self._leaving: set[int] = set()  # told to exit: their exit is no error
-        self._hung: dict[int, Hung] = {}  # killed on purpose, for a hang
         self._oom_before = _system.oom_kills()
         self._closed = False
         # spawn/forkserver: (dataset, collate_fn, worker_init_fn) and the one memfd every worker
@@ -150,20 +163,24 @@ class LocalProcesses(Workers):
         os.close(child_end)
         with self._lock:
             self._sup.add_worker(worker_id, main_end, proc.pid)
-            self._procs[worker_id] = proc
+            # (an earlier process of this id that was told to leave is reaped by shutdown's
+            # join or by multiprocessing, which reaps finished children at each start)
+            self._workers[worker_id] = _Process(proc, time.monotonic())
             self._last_procs[worker_id] = proc
-            self._started_at[worker_id] = time.monotonic()
-            self._leaving.discard(worker_id)  # an earlier process of this id was stopped
-            self._hung.pop(worker_id, None)
 
     def stop(self, worker_id: int) -> None:
         """Closes the worker's channel: its watchdog ends it at once; its exit is expected."""
         with self._lock:
-            self._leaving.add(worker_id)
+            rec = self._workers.get(worker_id)
+            if rec is not None:
+                rec.leaving = True
             self._sup.remove_worker(worker_id)
 
     def kill(self, worker_id: int, hung: Hung) -> None:
-        self._hung[worker_id] = hung
+        with self._lock:
+            rec = self._workers.get(worker_id)
+            if rec is not None:
+                rec.hung = hung
         try:
             self._sup.signal(worker_id, signal.SIGKILL)
         except EngineError:
@@ -175,10 +192,10 @@ class LocalProcesses(Workers):
             if self._closed:
                 return
             self._closed = True
-            procs = [p for p in self._procs if p is not None]
+            procs = [rec.proc for rec in self._workers.values()]
             for w in range(self.num_workers):
                 self._sup.remove_worker(w)  # closing the channel ends the worker
-            self._procs = [None] * self.num_workers
+            self._workers.clear()
             if self._sealed is not None and self._sealed[1] is not None:
                 self._sealed[1].close()
             self._sealed = None
@@ -197,7 +214,9 @@ class LocalProcesses(Workers):
             self._sup.send(worker_id, mtype, task, a, payload)
         except EngineError:
             return False
-        self._last_send[worker_id] = sent_at
+        rec = self._workers.get(worker_id)  # (only this thread adds or removes records)
+        if rec is not None:
+            rec.last_sent = sent_at
         return True
 
     def send_task(self, worker_id: int, task: int, index) -> bool:
@@ -228,14 +247,13 @@ class LocalProcesses(Workers):
     def _on_exit(self, ev):
         _, worker_id, exit_code, signum, core = ev
         with self._lock:
-            proc = self._procs[worker_id]
-            leaving = worker_id in self._leaving
-            self._leaving.discard(worker_id)
+            rec = self._workers.pop(worker_id, None)
+            leaving = rec is None or rec.leaving
             status = None if leaving else (self._sup.status(worker_id) or {})
             crash_log = "" if leaving else self._sup.read_log(worker_id, protocol.LOG_CRASH, 1 << 16)
             stderr_tail = "" if leaving else self._sup.read_log(worker_id, protocol.LOG_STDERR, 8192)
             self._sup.remove_worker(worker_id)
-            self._procs[worker_id] = None
+        proc = rec.proc if rec is not None else None
         if proc is not None:
             proc.join(timeout=EXIT_GRACE_S)
             # multiprocessing may have reaped it first (Process.start() reaps finished children),
@@ -244,8 +262,8 @@ class LocalProcesses(Workers):
                 signum, exit_code = (-proc.exitcode, None) if proc.exitcode < 0 else (0, proc.exitcode)
         if leaving:
             return None
-        pid = proc.pid if proc is not None else status.get("pid")
-        hung = self._hung.pop(worker_id, None)
+        pid = proc.pid
+        hung = rec.hung
         busy = status.get("state") in BUSY
         index = hung.index if hung else (status.get("index") if busy else None)
         oom_now = _system.oom_kills()
@@ -276,36 +294,21 @@ class LocalProcesses(Workers):
         with self._lock:
             return [p for p in self._last_procs if p is not None]
 
-    def pid(self, worker_id: int):
-        p = self._procs[worker_id]
-        return p.pid if p is not None else None
-
-    def has(self, worker_id: int) -> bool:
-        return self._sup.has_worker(worker_id)
-
-    def status(self, worker_id: int):
+    def view(self, worker_id: int) -> WorkerView | None:
         with self._lock:
-            return self._sup.status(worker_id) if self._sup.has_worker(worker_id) else None
-
-    def is_stopped(self, worker_id: int) -> bool:
-        return _system.is_stopped(self.pid(worker_id))
-
-    def started_at(self, worker_id: int) -> float:
-        return self._started_at[worker_id]
-
-    def last_sent(self, worker_id: int) -> float:
-        return self._last_send[worker_id]
-
-    def cpu_seconds(self, worker_id: int) -> float:
-        return _system.cpu_seconds(self.pid(worker_id))
+            rec = self._workers.get(worker_id)
+            if rec is None or rec.leaving or not self._sup.has_worker(worker_id):
+                return None
+            status = self._sup.status(worker_id)
+            pid, started_at, last_sent = rec.proc.pid, rec.started_at, rec.last_sent
+        stopped, cpu = _system.stopped_and_cpu(pid)
+        return WorkerView(pid, started_at, last_sent, cpu, stopped, status)
 
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it
         ('' when it cannot answer: not started yet, stopped, or gone)."""
-        if self.is_stopped(worker_id):
-            return ""
-        st = self._sup.status(worker_id)
-        if st is None or st["state"] == "starting":
+        v = self.view(worker_id)
+        if v is None or v.stopped or v.status is None or v.status["state"] == "starting":
             # Not yet past the point where it installs its faulthandler (it shares its crash log
             # before its status page), or still starting: DUMP_SIGNAL's default would kill it.
             return ""
@@ -336,27 +339,6 @@ class LocalProcesses(Workers):
     def owned_fds(self) -> list[int]:
         """The descriptors the Supervisor holds (tests: a child closes them)."""
         return list(self._sup.owned_fds())
-
-    def stats(self) -> list[dict]:
-        out = []
-        with self._lock:
-            for w in range(self.num_workers):
-                st = self._sup.status(w) if self._sup.has_worker(w) else None
-                proc = self._procs[w]
-                entry = {"id": w, "pid": proc.pid if proc is not None else None,
-                         "alive": bool(st)}
-                if st:
-                    entry.update({
-                        "state": st["state"], "index": st["index"], "task": st["task"],
-                        "samples": st["samples"], "batches": st["batches"],
-                        "rss_bytes": st["rss_bytes"], "bytes_sent": st["bytes_sent"],
-                        "seconds": {"getitem": st["seconds_in"]["loading"],
-                                    "collate": st["seconds_in"]["collating"],
-                                    "encode": st["seconds_in"]["encoding"],
-                                    "idle": st["seconds_in"]["idle"]},
-                    })
-                out.append(entry)
-        return out
 
 
 def _event(ev):
