@@ -1,7 +1,12 @@
-"""The last mile to the GPU: batches that arrive pinned, and batches copied to the device ahead.
+"""What an iterator holds of the last mile: ``LastMile``, and ``last_mile()``, which decides.
 
 ``last_mile()`` gives an iterator its ``LastMile`` (None when it has nothing to do: no
-``pin_memory``, no ``device``, or no CUDA for pinning). docs/design/gpu.md has the rules.
+``pin_memory``, no ``device``, or no CUDA for pinning). A ``LastMile`` composes the parts:
+the pinned decoder (``pinning.py``), the hand-backs that wait for the user's copies
+(``pin_memory``) or the stage that copies ahead (``device.py``), over one ``CudaRuntime``.
+docs/design/gpu.md has the rules.
+
+Thread contract: the thread that iterates; ``LastMile.close()`` from any thread.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from .. import _stoker
 from . import cuda
 from .device import DeviceStage
 from .pinning import HeldSlots, PinnedDecoder
+from .runtime import CudaRuntime
 
 
 class LastMile:
@@ -17,7 +23,7 @@ class LastMile:
     copies, and (with a device) the stage that copies ahead. Thread contract: the thread that
     iterates; ``close()`` from any thread."""
 
-    def __init__(self, runtime, device_spec: str | None, pull):
+    def __init__(self, runtime: CudaRuntime, device_spec: str | None, pull):
         self.runtime = runtime
         self._held = None
         gate = None
