@@ -73,11 +73,18 @@ bench: install
 
 # torch's own test/test_dataloader.py, run once with torch's DataLoader and once with stoker's in
 # its place: a yardstick of compatibility, not part of `make test` (tests there fail by design).
+# stoker does not ship torch's file: TORCH_TEST_FILE=/path/to/test_dataloader.py names the copy
+# you downloaded (benchmarks/torch_suite/README.md: which revision, the curl line).
 # Results: build/torch_suite/results.{md,json}. Options: TORCH_SUITE_ARGS="--timeout 120 -k EXPR".
 # torch.testing._internal (in the torch wheel) needs expecttest.
+ifneq ($(filter torch-suite,$(MAKECMDGOALS)),)
+ifeq ($(TORCH_TEST_FILE),)
+$(error make torch-suite needs TORCH_TEST_FILE=/path/to/test_dataloader.py, PyTorch's own test file, which stoker does not ship; `python3 benchmarks/torch_suite/run.py` prints where to get it)
+endif
+endif
 torch-suite: install
 	$(VPY) -m pip install -q expecttest
-	$(VPY) benchmarks/torch_suite/run.py --out build/torch_suite $(TORCH_SUITE_ARGS)
+	$(VPY) benchmarks/torch_suite/run.py --test-file "$(TORCH_TEST_FILE)" --out build/torch_suite $(TORCH_SUITE_ARGS)
 
 fuzz: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF

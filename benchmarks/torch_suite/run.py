@@ -1,6 +1,13 @@
 """Runs torch's own test/test_dataloader.py with torch's DataLoader and with stoker's, and compares.
 
-    python benchmarks/torch_suite/run.py [--loaders torch,stoker] [--timeout 60] [-k EXPR] [--slow]
+    python benchmarks/torch_suite/run.py --test-file PATH [--loaders torch,stoker] [--timeout 60]
+                                         [-k EXPR] [--slow]
+
+stoker does not ship torch's test file: PATH is a copy of pytorch/pytorch's
+test/test_dataloader.py (the revision this runner was written against: ORIGIN_URL below; without
+PATH the runner says how to get it). TORCH_TEST_FILE in the environment stands for --test-file.
+The runner copies it into a folder of its own under --out and runs it there, so that nothing
+beside the file where it was downloaded (a conftest.py, other modules) takes part in the run.
 
 Each loader gets its own pytest processes (see README.md): with ``torch`` the file runs as it is;
 with ``stoker``, shim/sitecustomize.py replaces torch.utils.data.DataLoader (and
@@ -15,8 +22,10 @@ the tests that pass with torch but not with stoker, each with its one-line error
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,8 +34,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+ORIGIN_COMMIT = "74436f9025609987bbc69c617564f98635b67807"
+ORIGIN = f"pytorch/pytorch test/test_dataloader.py @ {ORIGIN_COMMIT}"
+ORIGIN_URL = ("https://raw.githubusercontent.com/pytorch/pytorch/"
+              f"{ORIGIN_COMMIT}/test/test_dataloader.py")
+# sha256 of the file at ORIGIN_COMMIT: a run of any other revision says so in its results.
+ORIGIN_SHA256 = "5184d2bf8bb8a88dd27a4a9c5d6df2a41dd28f38c2230f087bcbc48f9c9cf5eb"
+# The test module imports itself by its file name (self_module = __import__(...)), and the
+# results name tests by it: the copy the runner runs always has torch's name.
 TEST_FILE = "test_dataloader.py"
-ORIGIN = "pytorch/pytorch test/test_dataloader.py @ 74436f9025609987bbc69c617564f98635b67807"
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 SLOW_TESTS = "test_proper_exit"  # torch marks it @slowTest; it takes minutes even with torch
 
@@ -43,15 +59,49 @@ def parse_args(argv):
                    help="also run torch's @slowTest tests (test_proper_exit: minutes per loader)")
     p.add_argument("--slow-timeout", type=float, default=600.0,
                    help="seconds for a @slowTest test when --slow is given (default 600)")
-    p.add_argument("--test-file", default=TEST_FILE,
-                   help="test file (default: the stored copy of torch's test_dataloader.py)")
+    p.add_argument("--test-file", default=os.environ.get("TORCH_TEST_FILE"),
+                   help="path of torch's test/test_dataloader.py (default: $TORCH_TEST_FILE); "
+                        f"get it with: curl -o test_dataloader.py {ORIGIN_URL}")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression (a subset)")
     p.add_argument("--out", default=str(REPO / "build" / "torch_suite"), help="output folder")
     return p.parse_args(argv)
 
 
-def run_loader(args, loader, out):
-    """Runs the test file under pytest for one loader until every collected test has an outcome."""
+def missing_test_file(given) -> str:
+    """What to tell someone who gave no test file, or one that is not there."""
+    what = ("no test file given" if not given
+            else f"the test file {given!r} does not exist (or is not a file)")
+    return (
+        f"run.py: {what}. This runner runs PyTorch's own test/test_dataloader.py, which stoker "
+        "does not ship. Download the revision the runner was written against and pass its "
+        "path:\n\n"
+        f"    curl -o /tmp/test_dataloader.py {ORIGIN_URL}\n"
+        "    python benchmarks/torch_suite/run.py --test-file /tmp/test_dataloader.py\n\n"
+        "(or make torch-suite TORCH_TEST_FILE=/tmp/test_dataloader.py, or set TORCH_TEST_FILE). "
+        "A newer revision of the file runs too; the results then say it is not the one at "
+        f"{ORIGIN_COMMIT[:12]}.")
+
+
+def stage_test_file(given, out) -> tuple[Path, dict]:
+    """Copies the test file into a folder of its own under `out` (only it there: no conftest.py
+    or module beside the user's copy takes part), and says which revision it is."""
+    src = Path(given).expanduser().resolve()
+    data = src.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    stage = out / "torch_test"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    (stage / TEST_FILE).write_bytes(data)
+    known = digest == ORIGIN_SHA256
+    origin = ORIGIN if known else (
+        f"{src} (sha256 {digest[:16]}: not the test/test_dataloader.py of {ORIGIN_COMMIT})")
+    return stage / TEST_FILE, {"origin": origin, "test_file": str(src), "sha256": digest,
+                               "known_revision": known}
+
+
+def run_loader(args, loader, out, stage):
+    """Runs the test file (the copy in `stage`) under pytest for one loader until every collected
+    test has an outcome."""
     journal = out / f"journal-{loader}.jsonl"
     journal.unlink(missing_ok=True)
     env = dict(os.environ)
@@ -73,8 +123,11 @@ def run_loader(args, loader, out):
     started = time.monotonic()
     for attempt in range(1, 200):
         done = set(tests_with_reports(journal)) | set(hard_stops)
-        cmd = [args.python, "-m", "pytest", "-c", str(HERE / "pytest.ini"), "-q", "-p",
-               "suite_plugin", "-p", "no:randomly", args.test_file]
+        # rootdir and confcutdir: the folder holding the copy (nodeids "test_dataloader.py::..."
+        # and no conftest.py from any folder above it).
+        cmd = [args.python, "-m", "pytest", "-c", str(HERE / "pytest.ini"),
+               "--rootdir", str(stage), "--confcutdir", str(stage), "-q", "-p", "suite_plugin",
+               "-p", "no:randomly", str(stage / TEST_FILE)]
         if args.keyword:
             cmd += ["-k", args.keyword]
         for nodeid in sorted(done):
@@ -83,7 +136,7 @@ def run_loader(args, loader, out):
         log.flush()
         # Its own process group, so that processes a test left behind (workers of a loader whose
         # pytest was ended, torch's ErrorTrackingProcess children) are ended with it.
-        proc = subprocess.Popen(cmd, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=stage, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         rc = proc.wait()
         try:
@@ -222,24 +275,31 @@ def versions(python):
 
 def main(argv=None):
     args = parse_args(argv)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if not args.test_file or not Path(args.test_file).expanduser().is_file():
+        sys.exit(missing_test_file(args.test_file))
     loaders = [x.strip() for x in args.loaders.split(",") if x.strip()]
     for name in loaders:
         if name not in ("torch", "stoker"):
             sys.exit(f"run.py: unknown loader {name!r}; use torch and/or stoker")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    test_file, source = stage_test_file(args.test_file, out)
+    if not source["known_revision"]:
+        print(f"note: {source['origin']}; tests added or changed since then make the counts "
+              "differ from last_run.md's", flush=True)
     torch_version, python_version = versions(args.python)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
     report = {
-        "origin": ORIGIN, "torch_version": torch_version, "python_version": python_version,
+        "origin": source["origin"], "test_file": source["test_file"],
+        "test_file_sha256": source["sha256"], "torch_version": torch_version, "python_version": python_version,
         "stoker_commit": commit, "timeout_s": args.timeout, "slow": args.slow,
         "keyword": args.keyword, "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "loaders": {},
     }
     for name in loaders:
         print(f"running {args.test_file} with the {name} DataLoader ...", flush=True)
-        results, session, wall = run_loader(args, name, out)
+        results, session, wall = run_loader(args, name, out, test_file.parent)
         expected = "stoker." if name == "stoker" else "torch."
         seen = (session.get("module_DataLoader") or session.get("torch_utils_data_DataLoader")
                 or "")

@@ -7,17 +7,9 @@ with the dataset index.
 
 ``WorkerConfig`` is everything a worker needs, in one picklable object (it travels to the worker
 by fork, spawn's pickle, or a placement's own transport). ``WorkerLoop`` talks to the main process
-through an *endpoint*, which the placement provides; the local one is the C++
-``_stoker.WorkerEndpoint`` (``engine/process.py``). An endpoint has:
-
-- ``receive()``: the next ``(type, task, format, payload)``, or None once the main process
-  closed the channel;
-- ``send(type, task, a=0, payload=b"")`` and ``send_batch(task, obj, mode, indices) -> bool``
-  (False: the C++ fast path declined the object; collate it in Python and send again);
-- ``enter(state, task, index, position=-1)``, ``add_sample()``, ``update_rss()``: the status the
-  main process reads (hang watch, ``stats()``, ``stoker top``);
-- ``set_shared_memory_limit(bytes, patience_s)``: the most this worker's batches may take (the
-  main process divides ``max_shared_memory`` among the workers running).
+only through the ``Endpoint`` the placement provides (``endpoint.py`` says what each method
+does); ``serve()`` reads messages from a ``ChannelEndpoint``, such as the local placement's C++
+``_stoker.WorkerEndpoint`` (``process.py``).
 
 Thread contract: a loop runs on one thread of its worker, the one that runs the dataset.
 """
@@ -26,11 +18,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import cast
 
 from .. import _indices, _info, _torch_compat
 from .._errors import SharedMemoryLimitError
 from ..config import seeding
 from . import collate, protocol, stream_state
+from .endpoint import ChannelEndpoint, Endpoint
 from .fetch import ITERABLE, MAP, AllSkipped, Fetcher
 from .protocol import (
     MODE_AS_IS,
@@ -76,7 +70,10 @@ class WorkerConfig:
 
 
 class WorkerLoop:
-    def __init__(self, endpoint, worker_id: int, config: WorkerConfig):
+    """One worker's loop over `endpoint`: ``prepare()`` once, then ``serve()`` (or ``handle()``
+    for each message, when the placement delivers them)."""
+
+    def __init__(self, endpoint: Endpoint, worker_id: int, config: WorkerConfig):
         self.endpoint = endpoint
         self.worker_id = worker_id
         self.config = config
@@ -138,8 +135,9 @@ class WorkerLoop:
 
     # -- the loop --------------------------------------------------------------------------------
     def serve(self) -> None:
-        """Serves messages until the main process says stop or closes the channel."""
-        ep = self.endpoint
+        """Serves messages until the main process says stop or closes the channel; the
+        endpoint must be a ``ChannelEndpoint`` (it has ``receive()``)."""
+        ep = cast(ChannelEndpoint, self.endpoint)
         while True:
             ep.enter(protocol.STATE_IDLE, self.task, None)
             msg = ep.receive()

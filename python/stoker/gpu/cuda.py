@@ -1,32 +1,14 @@
-"""The CUDA calls of the last mile, behind one small interface.
+"""The last mile's real CUDA runtime, ``TorchCuda``, and ``runtime()``: whether there is one.
 
-Everything stoker asks of a GPU goes through a ``Runtime``: page-lock a range of host memory and
-let it go (``register``/``unregister``), events and streams, a copy to the device, a pinned copy
-of a small tensor. ``TorchCuda`` does it with the CUDA runtime that torch loaded (the C++ core
-never links CUDA or torch); CPU tests pass a fake with the same methods (tests/fake_cuda.py),
-which is how the rules in docs/design/gpu.md are tested without a GPU.
+``TorchCuda`` implements ``runtime.CudaRuntime`` (the methods and what each must do) with the
+CUDA runtime that torch loaded: torch's streams, events and copies, and page-locking through
+``cudaHostRegister`` of the same libcudart (the C++ core never links CUDA or torch). Its
+``barrier()`` runs ``torch.cuda.synchronize(device)`` on a helper thread, for every device this
+process uses, so the loop never waits.
 
-The methods a runtime has:
-
-- ``register(address, size) -> str | None``: page-locks the range (``cudaHostRegister``); None
-  when it worked, else why not. ``unregister(address)``: ``cudaHostUnregister``.
-- ``device(spec) -> object``: the device a spec names ("cuda", "cuda:1", a torch.device), with
-  "cuda" read as the current device now.
-- ``new_stream(device)``, ``current_stream(device)``, ``use_stream(stream)`` (a context manager:
-  work queued inside goes to `stream`), ``wait(stream, event)`` (the stream waits for the event
-  on the GPU; the CPU does not).
-- ``record(stream) -> event`` with ``event.query() -> bool`` and ``event.synchronize()``.
-- ``to_device(tensor, device)``: an asynchronous copy on the current stream;
-  ``record_stream(tensor, stream)``: the caching allocator must not reuse its memory before the
-  work queued on `stream` so far is done.
-- ``pin(tensor)``: a copy in pinned memory (torch's caching host allocator: its blocks are
-  reused, not allocated per batch).
-- ``barrier() -> event``: an event that passes once all work queued so far *on every stream of
-  every device this process uses* is done (the user may copy from a pinned batch on any stream,
-  or to another GPU). ``TorchCuda`` runs ``torch.cuda.synchronize(device)`` on a helper thread
-  for it, so the loop never waits; ``query()`` and ``synchronize()`` as for an event.
-
-Thread contract: the thread that iterates (as torch's CUDA calls, per thread current stream).
+Thread contract: ``CudaRuntime``'s (the thread that iterates; ``unregister``, ``barrier`` and
+its events' methods also at shutdown, from any thread: the barriers' helper takes asks under a
+lock).
 """
 
 from __future__ import annotations
@@ -36,13 +18,15 @@ import logging
 import os
 import threading
 
+from .runtime import CudaRuntime
+
 log = logging.getLogger("stoker")
 
 # cudaHostRegisterPortable: the range is pinned for every CUDA context, not only the current one
 _REGISTER_PORTABLE = 1
 
 
-def runtime():
+def runtime() -> CudaRuntime | None:
     """The real runtime when torch has CUDA and a GPU is there, else None."""
     try:
         import torch
@@ -56,8 +40,8 @@ def runtime():
 
 
 class TorchCuda:
-    """The CUDA runtime torch loaded: streams, events and copies through torch, page-locking
-    through ``cudaHostRegister`` of the same libcudart (found among this process's mappings, so
+    """A ``CudaRuntime``: streams, events and copies through torch, page-locking through
+    ``cudaHostRegister`` of the libcudart torch loaded (found among this process's mappings, so
     that a failed call's error can be cleared: otherwise torch would report it later as a kernel
     launch failure)."""
 
@@ -155,6 +139,8 @@ class TorchCuda:
 
 
 class _Barrier:
+    """A ``CudaEvent`` that passes when the barriers' helper thread has synchronised."""
+
     def __init__(self):
         self._done = threading.Event()
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import threading
 
+from .runtime import CudaRuntime
 from .tree import map_tensors
 
 AHEAD = 1  # batches whose copy is queued beyond the one handed out
@@ -43,7 +44,7 @@ class _Item:
 
 
 class DeviceStage:
-    def __init__(self, runtime, device_spec: str, pull):
+    def __init__(self, runtime: CudaRuntime, device_spec: str, pull):
         """`pull()`: the next host batch (pinned); raises StopIteration at the end of the
         epoch."""
         self._rt = runtime

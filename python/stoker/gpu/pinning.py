@@ -33,6 +33,7 @@ import os
 import threading
 import weakref
 
+from .runtime import CudaRuntime
 from .tree import map_tensors
 
 log = logging.getLogger("stoker")
@@ -44,7 +45,7 @@ class PinnedSlots:
     """The slots one iterator page-locked (each worker's slots are its own, so no two iterators
     share one)."""
 
-    def __init__(self, runtime):
+    def __init__(self, runtime: CudaRuntime):
         self._rt = runtime
         self._regions: dict[int, object] = {}  # address -> MappedRegion
         self._refused = False
@@ -121,7 +122,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 class HeldSlots:
     """Slot hand-backs that wait for the copies that may read them (see the module doc)."""
 
-    def __init__(self, runtime, gate):
+    def __init__(self, runtime: CudaRuntime, gate):
         self._rt = runtime
         self.gate = gate
         self._waiting = collections.deque()  # (barrier, HeldReleases), oldest first
@@ -157,7 +158,7 @@ class PinnedDecoder:
     pinned copies. `gate`: where slot hand-backs wait (None: the caller holds each batch until
     its copies are done, and slots go back when it lets go)."""
 
-    def __init__(self, runtime, gate=None):
+    def __init__(self, runtime: CudaRuntime, gate=None):
         self._rt = runtime
         self._slots = PinnedSlots(runtime)
         self._gate = gate
