@@ -11,7 +11,7 @@ Python classes are read with ``inspect.signature``; a nanobind class (``_stoker`
 binding itself (the ``.pyi`` stub is generated from it, and could be out of date).
 
 To check another implementation, add one line to ``IMPLEMENTATIONS``: ``"module:Class"`` and its
-Protocol (the Ray placement's actor endpoint, for one, is an ``Endpoint``).
+Protocol.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from stoker.gpu.runtime import CudaEvent, CudaRuntime
 
 IMPLEMENTATIONS = [
     ("stoker._stoker:WorkerEndpoint", ChannelEndpoint),  # the local placement's (C++)
+    ("stoker.placements.ray.actor:ActorEndpoint", Endpoint),  # a Ray actor's (Python)
     ("stoker.gpu.cuda:TorchCuda", CudaRuntime),
     ("fake_cuda:FakeCuda", CudaRuntime),  # the CPU tests' GPU
     ("torch.cuda:Event", CudaEvent),  # what TorchCuda.record returns

@@ -1,12 +1,8 @@
 """The last mile to the GPU: batches that arrive pinned, and batches copied to the device ahead.
 
-An iterator asks ``last_mile()`` for its ``LastMile`` (``last_mile.py``); docs/design/gpu.md has
-the rules and the parts. ``stoker.gpu.last_mile`` is that function, not the module of that name
-(``importlib.import_module("stoker.gpu.last_mile")`` returns the module).
+An iterator asks ``last_mile.last_mile()`` for its ``LastMile``; docs/design/gpu.md has the
+rules and the parts: ``pinning`` (slots page-locked once), ``device`` (the copies ahead),
+``tree`` (walking a batch), ``runtime`` (the one CUDA interface) and ``cuda`` (torch's).
 
-Thread contract: ``last_mile()`` from the thread that starts an iterator; ``LastMile``'s own.
+Thread contract: each module's own.
 """
-
-from .last_mile import LastMile, last_mile
-
-__all__ = ["LastMile", "last_mile"]

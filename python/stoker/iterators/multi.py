@@ -48,7 +48,7 @@ from ..engine.events import (
 )
 from ..engine.fetch import ITERABLE, MAP
 from ..engine.worker import WorkerConfig
-from ..gpu import last_mile
+from ..gpu.last_mile import last_mile
 from ..placements.choose import workers_for
 from ..resume.cursor import Cursor
 from . import exit as _exit

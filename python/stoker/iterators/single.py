@@ -13,7 +13,7 @@ from ..config import seeding
 from ..config.records import SkippedSample, records_of
 from ..engine import stream_state
 from ..engine.fetch import ITERABLE, MAP, AllSkipped, Fetcher
-from ..gpu import last_mile
+from ..gpu.last_mile import last_mile
 from ..resume.cursor import Cursor
 from .handout import Handout
 
