@@ -1,4 +1,6 @@
-"""A worker killed by the out-of-memory killer of a memory cgroup is named as such."""
+"""A worker killed by the out-of-memory killer of a memory cgroup is named as such.
+
+The scenario runs in a fresh interpreter, in the cgroup: tests/scenarios/oom.py."""
 
 from __future__ import annotations
 
@@ -6,8 +8,6 @@ import os
 import uuid
 
 import pytest
-
-from .test_worker_deaths import SETUP
 
 
 def _make_memory_cgroup(limit_bytes: int):
@@ -42,25 +42,13 @@ def _make_memory_cgroup(limit_bytes: int):
     return None, "no memory cgroup controller is mounted"
 
 
-def test_oom_kill_in_a_memory_cgroup_is_named(script):
+def test_oom_kill_in_a_memory_cgroup_is_named(scenario):
     d, why = _make_memory_cgroup(900 * 2**20)
     if d is None:
         pytest.skip(why)
     try:
         wrapper = ["sh", "-c", f'echo $$ > {d}/cgroup.procs && exec "$@"', "sh"]
-        r = script(SETUP + """
-loader = stoker.DataLoader(Hog(5, mb=2048, n=16), batch_size=2, num_workers=2,
-                           on_worker_death="raise")
-try:
-    list(loader)
-except stoker.WorkerCrashed as e:
-    msg = str(e)
-    assert e.signal == "SIGKILL", e.signal
-    assert "out-of-memory killer" in msg and "memory limit" in msg, msg
-    assert "dataset index 5" in msg and "lower num_workers" in msg, msg
-    print("OK")
-assert not children(), children()
-""", timeout=120, wrapper=wrapper)
+        r = scenario("oom.oom_kill_is_named", timeout=120, wrapper=wrapper)
         assert "OK" in r.stdout, r.stdout + r.stderr
     finally:
         try:

@@ -1,176 +1,51 @@
-"""Workers that die: every death named, survived when allowed, every sample exactly once."""
+"""Workers that die: every death named, survived when allowed, every sample exactly once.
+
+The scenarios run in a fresh interpreter each: tests/scenarios/worker_deaths.py."""
 
 from __future__ import annotations
 
-SETUP = """
-import collections, os, signal, sys, tempfile, torch, stoker
-from scenario_datasets import *
-def children():
-    me = str(os.getpid())
-    out = []
-    for p in os.listdir('/proc'):
-        if p.isdigit():
-            try:
-                if open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == me:
-                    out.append(int(p))
-            except OSError:
-                pass
-    return out
-def labels(batches):
-    return sorted(int(x) for b in batches for x in b[1])
-"""
 
-
-def test_repeated_sigkill_restarts_and_delivers_every_index_exactly_once(script):
-    r = script(SETUP + """
-marks = tempfile.mkdtemp()
-ds = KillsOnceAt(bad=[3, 17, 18, 40, 63], marks=marks, n=64)
-loader = stoker.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
-                           generator=torch.Generator().manual_seed(0))
-got = list(loader)
-assert labels(got) == list(range(64)), labels(got)
-assert len(loader.deaths) == 5, loader.deaths
-assert all(d.signal == 'SIGKILL' for d in loader.deaths)
-assert {d.index for d in loader.deaths} == {3, 17, 18, 40, 63}, [d.index for d in loader.deaths]
-# the order is torch's: the same shuffled batches as an undisturbed run
-ref = list(stoker.DataLoader(Squares(64), batch_size=4, shuffle=True, num_workers=2,
-                             generator=torch.Generator().manual_seed(0)))
-assert [b[1].tolist() for b in got] == [b[1].tolist() for b in ref]
-assert not children(), children()
-print("OK")
-""", timeout=120)
+def test_repeated_sigkill_restarts_and_delivers_every_index_exactly_once(scenario):
+    r = scenario("worker_deaths.repeated_sigkill", timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
     assert r.stderr.count("restarted it") == 5, r.stderr
 
 
-def test_external_sigkill_with_persistent_workers_over_epochs(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(Slow(48), batch_size=4, num_workers=2, persistent_workers=True)
-for epoch in range(3):
-    seen = []
-    for i, b in enumerate(loader):
-        seen.extend(int(x) for x in b[1])
-        if i in (2 + epoch, 7 + epoch):  # different samples each time: none looks poisonous
-            victim = loader.stats()["workers"][i % 2]["pid"]
-            os.kill(victim, signal.SIGKILL)
-    assert sorted(seen) == list(range(48)), (epoch, sorted(seen))
-assert len(loader.deaths) == 6, len(loader.deaths)
-it = loader._iterator
-del loader, it, b
-import gc; gc.collect()
-assert not children(), children()
-print("OK")
-""", timeout=120)
+def test_external_sigkill_with_persistent_workers_over_epochs(scenario):
+    r = scenario("worker_deaths.external_sigkill_over_epochs", timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_segfault_raises_with_signal_index_and_python_stack(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(KillsSelfAt(21, signal.SIGSEGV), batch_size=4, num_workers=2,
-                           on_worker_death="raise")
-try:
-    list(loader)
-except stoker.WorkerCrashed as e:
-    msg = str(e)
-    assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
-    assert "dataset index 21" in msg, msg
-    assert "Segmentation fault" in msg and "__getitem__" in msg, msg   # faulthandler's stack
-    assert "scenario_datasets.py" in msg, msg
-    print("OK")
-assert not children(), children()
-""", timeout=60)
+def test_segfault_raises_with_signal_index_and_python_stack(scenario):
+    r = scenario("worker_deaths.segfault_raises", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_segfault_at_a_sample_is_quarantined_and_skipped(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(KillsSelfAt(21, signal.SIGSEGV), batch_size=4, num_workers=2,
-                           on_error="skip")
-got = list(loader)
-assert labels(got) == [i for i in range(64) if i != 21], labels(got)
-assert [s.index for s in loader.skipped] == [21], loader.skipped
-assert "quarantined after 2 worker deaths" in loader.skipped[0].reason, loader.skipped
-assert len(loader.deaths) == 2
-# the next epoch does not touch it again
-got = list(loader)
-assert labels(got) == [i for i in range(64) if i != 21]
-assert len(loader.deaths) == 2 and len(loader.skipped) == 1
-print("OK")
-""", timeout=60)
+def test_segfault_at_a_sample_is_quarantined_and_skipped(scenario):
+    r = scenario("worker_deaths.segfault_quarantined", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_poison_sample_without_skip_raises_naming_it(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(KillsSelfAt(5, signal.SIGKILL), batch_size=2, num_workers=2)
-try:
-    list(loader)
-except stoker.WorkerCrashed as e:
-    assert e.indices == [5], e.indices
-    assert "quarantined as poison" in str(e) and "on_error='skip'" in str(e), str(e)
-    print("OK")
-""", timeout=60)
+def test_poison_sample_without_skip_raises_naming_it(scenario):
+    r = scenario("worker_deaths.poison_sample_raises", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_restart_budget_raises_with_history(script):
-    r = script(SETUP + """
-marks = tempfile.mkdtemp()
-ds = KillsOnceAt(bad=range(0, 64, 4), marks=marks, n=64)
-loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, max_restarts=3)
-try:
-    list(loader)
-except stoker.WorkerCrashed as e:
-    msg = str(e)
-    assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
-    assert msg.count("SIGKILL") >= 4, msg
-    print("OK")
-assert not children(), children()
-""", timeout=60)
+def test_restart_budget_raises_with_history(scenario):
+    r = scenario("worker_deaths.restart_budget_raises", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_exit_code_names_last_stderr_lines(script):
-    r = script(SETUP + """
-class SaysGoodbye(Squares):
-    def __getitem__(self, i):
-        if i == 7:
-            print("cannot open /data/shard-7.tar: quota exceeded", file=sys.stderr)
-            sys.exit(4)
-        return super().__getitem__(i)
-loader = stoker.DataLoader(SaysGoodbye(), batch_size=2, num_workers=2, on_worker_death="raise")
-try:
-    list(loader)
-except stoker.WorkerCrashed as e:
-    msg = str(e)
-    assert e.exit_code == 4 and e.signal is None
-    assert "exited with code 4" in msg and "quota exceeded" in msg and "dataset index 7" in msg, msg
-    print("OK")
-""", timeout=60)
+def test_exit_code_names_last_stderr_lines(scenario):
+    r = scenario("worker_deaths.exit_code_names_stderr", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_quarantining_the_last_task_in_flight_does_not_hang(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(KillsSelfAt(3, signal.SIGKILL, n=4), batch_size=1, num_workers=1,
-                           on_error="skip")
-assert labels(list(loader)) == [0, 1, 2]
-assert [s.index for s in loader.skipped] == [3]
-print("OK")
-""", timeout=60)
+def test_quarantining_the_last_task_in_flight_does_not_hang(scenario):
+    r = scenario("worker_deaths.last_task_quarantined", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_persistent_worker_killed_between_epochs(script):
-    r = script(SETUP + """
-loader = stoker.DataLoader(Squares(16), batch_size=4, num_workers=2, persistent_workers=True)
-assert labels(list(loader)) == list(range(16))
-os.kill(loader.stats()["workers"][0]["pid"], signal.SIGKILL)
-import time; time.sleep(0.2)
-assert labels(list(loader)) == list(range(16))
-it = iter(loader); next(it)                      # break out with work in flight ...
-os.kill(loader.stats()["workers"][1]["pid"], signal.SIGKILL)
-assert labels(list(loader)) == list(range(16))   # ... the next epoch still starts
-print("OK")
-""", timeout=60)
+def test_persistent_worker_killed_between_epochs(scenario):
+    r = scenario("worker_deaths.persistent_worker_killed_between_epochs", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -1,0 +1,142 @@
+"""Clean exits and starts (tests/faults/test_lifecycle.py): low limits, many create/destroy
+cycles, datasets spawn cannot send, CUDA before a fork, what a worker inherits."""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import signal
+import sys
+import threading
+import warnings
+
+import torch
+
+import stoker
+from scenario_datasets import Slow, Squares
+from scenarios.probes import children, labels
+
+
+class Holder(Squares):
+    """A dataset subclass the user's script defines (a lock is set on it to make it unpicklable)."""
+
+
+class DefinedInMain(Squares):
+    """A dataset class of the user's script, which runs as ``__main__``: a spawned worker, whose
+    ``__main__`` is another module, cannot find it (see `_as_if_defined_in_main`)."""
+
+
+def _as_if_defined_in_main(cls: type) -> type:
+    """`cls` as a class a script run as ``python script.py`` defines: it lives in ``__main__``,
+    which pickles it by that name here and which a spawned worker does not have."""
+    cls.__module__ = "__main__"
+    setattr(sys.modules["__main__"], cls.__qualname__, cls)
+    return cls
+
+
+def _fds() -> int:
+    """How many descriptors this process holds."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss() -> int:
+    """This process's resident memory, in bytes."""
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _maps() -> int:
+    """How many mappings this process has."""
+    return sum(1 for _ in open("/proc/self/maps"))
+
+
+def low_fd_limit_with_held_batches():
+    """Under a 128-descriptor limit, 100 batches held at once all arrive, using few descriptors."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+    loader = stoker.DataLoader(Squares(400, shape=(1024,)), batch_size=4, num_workers=4)
+    held = list(loader)
+    assert len(held) == 100 and labels(held) == list(range(400))
+    assert len(os.listdir("/proc/self/fd")) < 64
+    print("OK")
+
+
+def create_iterate_destroy_cycles():
+    """500 loaders created, iterated and dropped leak no descriptor, thread, mapping or memory."""
+    ds = Squares(16, shape=(64, 64))
+
+    def cycle():
+        loader = stoker.DataLoader(ds, batch_size=4, num_workers=2)
+        for _b in loader:
+            pass
+
+    for _ in range(10):
+        cycle()
+    gc.collect()
+    start = (_fds(), threading.active_count(), _maps(), _rss())
+    for _ in range(500):
+        cycle()
+    gc.collect()
+    end = (_fds(), threading.active_count(), _maps(), _rss())
+    assert end[:3] == start[:3], (start, end)
+    assert end[3] - start[3] < 64 * 2**20, (start, end)
+    assert not children(), children()
+    print("OK", start, end)
+
+
+def spawn_with_unpicklable_dataset():
+    """A dataset spawn cannot pickle (it holds a lock) is refused naming the attribute."""
+    ds = Holder(8)
+    ds.lock = threading.Lock()
+    try:
+        list(stoker.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn"))
+    except Exception as e:
+        msg = str(e)
+        assert "dataset.lock" in msg and "lock" in msg, msg
+        print("OK")
+
+
+def fork_with_cuda_initialised():
+    """fork asked for after CUDA is initialised becomes forkserver, with one warning saying why."""
+    torch.cuda.is_initialized = lambda: True   # as after model.cuda() in a real job
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        it = iter(stoker.DataLoader(Squares(8), batch_size=2, num_workers=1,
+                                    multiprocessing_context="fork"))
+        assert labels(list(it)) == list(range(8))
+    msgs = [str(x.message) for x in w if "forkserver" in str(x.message)]
+    assert len(msgs) == 1 and "CUDA" in msgs[0], [str(x.message) for x in w]
+    assert it.workers.start_method == "forkserver"
+    print("OK")
+
+
+def workers_ignore_sigint_and_close_inherited_fds():
+    """Workers ignore SIGINT and hold only their own channel end and one pidfd, no epoll."""
+    loader = stoker.DataLoader(Slow(64), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    mine = set(it.workers.owned_fds())  # noqa: F841
+    for p in it._workers:
+        status = open(f"/proc/{p.pid}/status").read()
+        ign = int([line for line in status.splitlines()
+                   if line.startswith("SigIgn")][0].split()[1], 16)
+        assert ign & (1 << (signal.SIGINT - 1)), hex(ign)
+        theirs = {os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")}
+        sockets = [t for t in theirs if t.startswith("socket:")]
+        assert len(sockets) == 1, theirs           # its own channel end, nobody else's
+        assert not any("eventpoll" in t for t in theirs), theirs
+        # One pidfd: the worker guard's, of the main process (none of the supervisor's).
+        assert sum("pidfd" in t for t in theirs) == 1, theirs
+    print("OK")
+
+
+def worker_that_cannot_start():
+    """A spawned worker that cannot unpickle its dataset's class is reported as failing to
+    start, naming ``__main__``."""
+    cls = _as_if_defined_in_main(DefinedInMain)  # spawn cannot find __main__.DefinedInMain
+    try:
+        list(stoker.DataLoader(cls(8), batch_size=2, num_workers=2,
+                               multiprocessing_context="spawn"))
+    except stoker.WorkerCrashed as e:
+        msg = str(e)
+        assert "while starting" in msg and "__main__" in msg, msg
+        print("OK")
