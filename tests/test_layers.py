@@ -18,9 +18,11 @@ PACKAGE = os.path.dirname(stoker.__file__)
 LAYERS = [
     ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
                 "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
-                "stoker._legacy", "stoker._plain"]),
+                "stoker._plain"]),
     ("config", ["stoker.config"]),
     ("engine", ["stoker.engine"]),
+    # what stoker 0.1's pickles name (its records, and config's and engine's classes)
+    ("compat", ["stoker._compat"]),
     ("placements", ["stoker.placements"]),
     ("resume", ["stoker.resume"]),
     ("autotune", ["stoker.autotune"]),
@@ -29,9 +31,7 @@ LAYERS = [
     ("loader", ["stoker._loader"]),
     ("integrations", ["stoker.integrations"]),
     ("tools", ["stoker", "stoker.__main__", "stoker.doctor", "stoker.top", "stoker.monitoring",
-               "stoker.bench",
-               # kept for loaders pickled by stoker 0.1; only pickle imports them
-               "stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"]),
+               "stoker.bench"]),
 ]
 
 # The one edge allowed to close a loop: the spawn-child hook is loaded by file path, before the
@@ -102,7 +102,7 @@ def _graph():
                     if target != m:
                         edges[m].add(target)
                     for n in names:
-                        if n.startswith("_") and not n.startswith("__") and m not in _SHIMS:
+                        if n.startswith("_") and not n.startswith("__"):
                             private.append(f"{m} imports {n} from {target}")
                 if isinstance(node, ast.ImportFrom):
                     for a, (target, names) in zip(node.names, _resolve(m, node)):
@@ -120,9 +120,6 @@ def _graph():
                 if f"{target}.{node.attr}" not in MODULES | dict.fromkeys(EXTENSIONS):
                     private.append(f"{m} reads {target}.{node.attr}")
     return edges, private
-
-
-_SHIMS = {"stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"}
 
 
 def _layer_of(module: str) -> int | None:
