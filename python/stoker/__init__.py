@@ -35,7 +35,7 @@ from ._info import get_worker_info
 from ._shared_list import SharedList
 from .config.placement import Ray
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _compat.register()  # loaders pickled by stoker 0.1 name modules that are gone (stoker/_compat)
 
