@@ -112,11 +112,12 @@ def test_a_child_that_cannot_find_stoker_starts_as_it_would_have(scenario, tmp_p
     assert "stoker:" not in r.stderr, r.stderr
 
 
-def test_a_process_started_under_stoker_run_enables_once_it_imports_torch(scenario):
+@pytest.mark.parametrize("look_first", [False, True])
+def test_a_process_started_under_stoker_run_enables_once_it_imports_torch(scenario, look_first):
     env = {"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
     children.reach_reruns(env, '{"on_error": "skip"}')  # what `stoker run` does to its own
     assert env["PYTHONPATH"].split(os.pathsep)[0] == children.SITE
-    r = scenario("enable_children.started_under_stoker_run", env=env, timeout=120)
+    r = scenario("enable_children.started_under_stoker_run", look_first, env=env, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
 

@@ -82,9 +82,14 @@ def child_that_cannot_find_stoker(executable):
     print("OK")
 
 
-def started_under_stoker_run():
+def started_under_stoker_run(look_first=False):
     """A process started with ``STOKER_ENABLE`` and ``_site`` on its PYTHONPATH (what ``stoker
-    run`` sets), until and after it imports torch."""
+    run`` sets), until and after it imports torch; with `look_first`, it asks whether torch is
+    installed before importing it (as transformers' ``is_torch_available`` does)."""
+    if look_first:
+        import importlib.util
+
+        assert importlib.util.find_spec("torch") is not None
     before = _seen(use_torch=False)
     print("BEFORE", before)
     assert before == {"torch": False, "stoker": False, "hook": True, "waiting": True}, before

@@ -59,20 +59,30 @@ def _run(entry: str, args: tuple) -> None:
 
 
 class _TorchFinder:
-    """On ``sys.meta_path`` until torch is imported; then it steps aside and has torch's loader
-    run the pending calls right after torch's module code."""
+    """On ``sys.meta_path`` until torch's module code has run: each spec it finds for torch has
+    a loader that runs the pending calls right after that code. A look that does not import
+    (``importlib.util.find_spec("torch")``, as transformers' ``is_torch_available`` does) leaves
+    it in place for the import that follows."""
+
+    def __init__(self):
+        self._finding = False  # this finder asking the others (its own question comes back)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != "torch" or self._finding:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_call(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             while _pending:
                 _run(*_pending.pop(0))
 
