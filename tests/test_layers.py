@@ -18,9 +18,11 @@ PACKAGE = os.path.dirname(stoker.__file__)
 LAYERS = [
     ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
                 "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
-                "stoker._legacy", "stoker._plain"]),
+                "stoker._plain"]),
     ("config", ["stoker.config"]),
     ("engine", ["stoker.engine"]),
+    # what stoker 0.1's pickles name (its records, and config's and engine's classes)
+    ("compat", ["stoker._compat"]),
     ("placements", ["stoker.placements"]),
     ("resume", ["stoker.resume"]),
     ("autotune", ["stoker.autotune"]),
@@ -29,15 +31,8 @@ LAYERS = [
     ("loader", ["stoker._loader"]),
     ("integrations", ["stoker.integrations"]),
     ("tools", ["stoker", "stoker.__main__", "stoker.doctor", "stoker.top", "stoker.monitoring",
-               "stoker.bench",
-               # kept for loaders pickled by stoker 0.1; only pickle imports them
-               "stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"]),
+               "stoker.bench"]),
 ]
-
-# The one edge allowed to close a loop: the spawn-child hook is loaded by file path, before the
-# package (so it imports nothing of stoker at its top), and enables stoker once torch is
-# imported, from inside a function (integrations/autoenable.py).
-ALLOWED = {("stoker.integrations.autoenable", "stoker.integrations.enable")}
 
 EXTENSIONS = {"stoker._stoker"}
 
@@ -102,7 +97,7 @@ def _graph():
                     if target != m:
                         edges[m].add(target)
                     for n in names:
-                        if n.startswith("_") and not n.startswith("__") and m not in _SHIMS:
+                        if n.startswith("_") and not n.startswith("__"):
                             private.append(f"{m} imports {n} from {target}")
                 if isinstance(node, ast.ImportFrom):
                     for a, (target, names) in zip(node.names, _resolve(m, node)):
@@ -120,9 +115,6 @@ def _graph():
                 if f"{target}.{node.attr}" not in MODULES | dict.fromkeys(EXTENSIONS):
                     private.append(f"{m} reads {target}.{node.attr}")
     return edges, private
-
-
-_SHIMS = {"stoker._state", "stoker._checkpoint", "stoker._fetch", "stoker._deaths"}
 
 
 def _layer_of(module: str) -> int | None:
@@ -147,8 +139,6 @@ def test_no_module_imports_a_layer_above_its_own():
     up = []
     for src, targets in edges.items():
         for dst in targets:
-            if (src, dst) in ALLOWED:
-                continue
             ls, ld = _layer_of(src), _layer_of(dst)
             if ld is not None and ls is not None and ld > ls:
                 up.append(f"{src} ({LAYERS[ls][0]}) imports {dst} ({LAYERS[ld][0]})")
@@ -164,8 +154,6 @@ def _cycles(edges) -> list[list[str]]:
         stack.append(v)
         on.add(v)
         for w in edges.get(v, ()):
-            if (v, w) in ALLOWED:
-                continue
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])

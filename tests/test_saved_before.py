@@ -3,22 +3,32 @@ from ``state_dict()`` of each kind, each resuming with the batches 0.1 gave.
 
 ``data/stoker_0_1_states.pt`` was made by stoker 0.1 (commit 2222227, before the package was
 split into subpackages): the pickled loader and the states, and the batches the uninterrupted
-run yielded after each of them (what a resume must give).
+run yielded after each of them (what a resume must give). ``data/stoker_0_1_loaders_with_a_death.pt``
+(made by ``data/make_stoker_0_1_loaders_with_a_death.py`` with 0.1) holds two ``torch.save``d
+loaders that saw a worker die: a torch DataLoader served by ``enable()`` and a ``stoker.DataLoader``.
 """
 
 from __future__ import annotations
 
+import copy
+import io
 import os
 import pickle
+import types
 
 import torch
 from torch.utils.data import DistributedSampler
 
 import stoker
 from resume_datasets import Augmented, StatefulStream, as_lists, indices
+from stoker import _compat
+from stoker._compat import v0_1
+from stoker.config.records import SkippedSample
+from stoker.engine.deaths import Death
 
-SAVED = torch.load(os.path.join(os.path.dirname(__file__), "data", "stoker_0_1_states.pt"),
-                   weights_only=True)
+DATA = os.path.join(os.path.dirname(__file__), "data")
+SAVED = torch.load(os.path.join(DATA, "stoker_0_1_states.pt"), weights_only=True)
+WITH_A_DEATH = os.path.join(DATA, "stoker_0_1_loaders_with_a_death.pt")
 
 
 def test_a_loader_pickled_by_0_1_unpickles_with_its_options_records_and_position():
@@ -63,3 +73,64 @@ def test_0_1_states_of_two_ranks_resume_on_three():
         d = stoker.DataLoader(ds, batch_size=2, sampler=s, num_workers=2)
         d.load_state_dict(SAVED["elastic_states"])
         assert indices(list(d)) == SAVED["elastic_rests"][r]
+
+
+def test_0_1_loaders_saved_after_a_worker_death_keep_their_deaths_skips_and_quarantine():
+    saved = torch.load(WITH_A_DEATH, weights_only=False)
+    torch_loader, stoker_loader = saved["torch_loader"], saved["stoker_loader"]
+    for loader in (torch_loader, stoker_loader):
+        (death,) = stoker.stats(loader)["deaths"]
+        assert (death["worker_id"], death["signal"], death["index"], death["epoch"]) == \
+            (0, "SIGKILL", 5, 1)
+    (death,) = stoker_loader.deaths
+    assert type(death) is Death and death.tasks == [2, 4]
+    assert [(type(s), s.index, s.epoch) for s in stoker_loader.skipped] == [(SkippedSample, 5, 1)]
+    # Index 5 kills its worker whenever it is loaded: quarantined by 0.1, it is skipped now
+    # without a second death.
+    assert [b[1].tolist() for b in stoker_loader] == saved["batches"]
+    stoker.enable(on_error="skip", quarantine_after=1)
+    try:
+        assert [b[1].tolist() for b in torch_loader] == saved["batches"]
+    finally:
+        stoker.disable()
+    assert len(stoker_loader.deaths) == 1 and len(stoker.stats(torch_loader)["deaths"]) == 1
+
+
+def test_a_copy_of_a_0_1_loader_keeps_its_records_and_pickles_under_todays_names():
+    loader = torch.load(WITH_A_DEATH, weights_only=False)["torch_loader"]
+    assert type(vars(loader)["_stoker_state"]) is v0_1.LoaderState  # torch's loader: not folded
+    copied = copy.deepcopy(loader)
+    data = pickle.dumps(copied)
+    assert b"stoker._state" not in data and b"stoker._checkpoint" not in data
+    again = pickle.loads(data)
+    assert stoker.stats(again)["deaths"] == stoker.stats(loader)["deaths"]
+    assert [s["index"] for s in stoker.stats(again)["skipped"]] == [5]
+
+
+class _Recording(pickle.Unpickler):
+    """Records each (module, name) a pickle looks up."""
+
+    seen: set = set()
+
+    def find_class(self, module, name):
+        _Recording.seen.add((module, name))
+        return super().find_class(module, name)
+
+
+def test_the_old_names_are_exactly_those_0_1_pickles_name_and_lead_to_todays_classes():
+    _Recording.seen.clear()
+    _Recording(io.BytesIO(SAVED["loader_pickle"])).load()
+    torch.load(WITH_A_DEATH, weights_only=False,
+               pickle_module=types.SimpleNamespace(Unpickler=_Recording, __name__="pickle"))
+    old = {(m, n) for m, n in _Recording.seen if m.startswith("stoker.") and m != "stoker._loader"}
+    assert old == {(m, n) for m, names in _compat.OLD_NAMES.items() for n in names}
+    find = pickle.Unpickler(io.BytesIO()).find_class
+    for module, name in old:
+        assert find(module, name) is getattr(v0_1, name)
+    assert find("stoker._fetch", "SkippedSample") is SkippedSample
+    assert find("stoker._deaths", "Death") is Death
+
+
+def test_a_0_1_pickle_loads_in_a_process_that_has_not_imported_stoker(scenario):
+    r = scenario("saved_before.torch_load_first", WITH_A_DEATH, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr

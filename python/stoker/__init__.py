@@ -14,10 +14,12 @@ exists before any framework looks for DataLoader subclasses.
 
 The package's layers, bottom up (imports run one way; tests/test_layers.py checks it, and
 docs/design/python.md explains it): leaves (``_errors``, ``_system``, ``_indices``, ...),
-``config``, ``engine``, ``placements``, ``resume``, ``autotune``, ``iterators``, the loader,
-``integrations``, and the tools (``doctor``, ``top``, ``monitoring``, ``bench``).
+``config``, ``engine``, ``_compat`` (the names stoker 0.1's pickles use), ``placements``,
+``resume``, ``autotune``, ``iterators``, the loader, ``integrations``, and the tools
+(``doctor``, ``top``, ``monitoring``, ``bench``).
 """
 
+from . import _compat
 from ._errors import (
     BatchEncodingError,
     CollateError,
@@ -33,7 +35,9 @@ from ._info import get_worker_info
 from ._shared_list import SharedList
 from .config.placement import Ray
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_compat.register()  # loaders pickled by stoker 0.1 name modules that are gone (stoker/_compat)
 
 __all__ = [
     "BatchEncodingError",

@@ -10,8 +10,9 @@ options (its ``_get_iterator`` is its own). A subclass that brings its own itera
 ``StatefulDataLoader``) is left alone and named once, at its first iterator, by a hook on torch's
 iterator base class.
 
-Children see the same setting: spawn/forkserver children through the pickled preparation data
-(``autoenable``), and processes started by ``stoker run`` through the environment.
+Children see the same setting (``children.py``): spawn/forkserver children through the pickled
+preparation data, processes started by ``stoker run`` through the environment; once a child
+imports torch, it calls ``enable_in_child`` here.
 
 Thread contract: ``enable``/``disable`` are safe from any thread (one lock); the patched methods
 run in the thread that iterates.
@@ -28,11 +29,11 @@ from .. import _torch_compat
 from ..config.options import Options
 from ..iterators import serve
 from ..iterators.multi import MultiProcessIter
-from . import autoenable
+from . import children
 
 log = logging.getLogger("stoker")
 
-ENV = autoenable.ENV  # JSON of the options; set while enabled, read by children
+ENV = children.ENV  # JSON of the options; set while enabled, read by children
 
 _lock = threading.RLock()
 _enabled: Options | None = None  # the options while enabled
@@ -72,6 +73,22 @@ def is_enabled() -> bool:
     return _enabled is not None
 
 
+def enable_in_child(raw: str) -> None:
+    """What a child of an enabled process (spawn, forkserver, or started under ``stoker run``)
+    calls once it imports torch (``children.py`` arms it): ``enable()`` with its parent's
+    options, `raw` being ``$STOKER_ENABLE``, unless the child enabled stoker itself already."""
+    if is_enabled():
+        return
+    try:
+        options = json.loads(raw)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise ValueError(f"{ENV}={raw!r} is not the JSON object of options that stoker.enable() "
+                         "and `stoker run` write")
+    enable(**options)
+
+
 # -- the patches ---------------------------------------------------------------------------------
 
 def _patch() -> None:
@@ -105,7 +122,7 @@ def _patch() -> None:
     base._get_iterator = _get_iterator
     base.__iter__ = __iter__
     it_base.__init__ = __init__
-    autoenable.hook_spawn(_originals)
+    children.hook_spawn(_originals, enable_in_child)
 
 
 def _note_own_iterator(loader, iterator) -> None:

@@ -25,6 +25,7 @@ import runpy
 import sys
 
 from ..config.options import Options
+from . import children
 from . import enable as _enable
 
 USAGE = ("usage: stoker run [--OPTION VALUE ...] [--quiet] (script.py | -m module) [args ...]\n"
@@ -82,10 +83,7 @@ def main(argv=None) -> int:
             log.addHandler(handler)
             log.setLevel(logging.INFO)
     # Children: the options in the environment, and our sitecustomize that reads them.
-    site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-    os.environ[_enable.ENV] = json.dumps(resolved.to_json())
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [site] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    children.reach_reruns(os.environ, json.dumps(resolved.to_json()))
     _enable.enable(**options)
     if module is not None:
         sys.argv = [module] + args

@@ -1,3 +1,0 @@
-"""Kept so that loaders pickled by stoker 0.1 unpickle (``_legacy.py``); nothing imports it."""
-
-from ._legacy import EpochRecord, Tracker  # noqa: F401
