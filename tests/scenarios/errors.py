@@ -19,6 +19,7 @@ from scenario_datasets import (
     Squares,
     collate_with_lock,
 )
+from scenarios.procfs import open_fds
 
 
 def exception_in_getitem_keeps_type_index_and_traceback():
@@ -97,13 +98,9 @@ def worker_exit_code():
         print("OK")
 
 
-def fds():
-    return len(os.listdir("/proc/self/fd"))
-
-
 def no_worker_or_fd_survives_errors():
     """After three loaders that fail, no child process and no descriptor is left."""
-    before = fds()
+    before = open_fds()
     for ds in (RaisesAt(3), KillsSelfAt(3), RaggedAt(3)):
         try:
             list(stoker.DataLoader(ds, batch_size=2, num_workers=2))
@@ -113,7 +110,7 @@ def no_worker_or_fd_survives_errors():
     kids = [p for p in os.listdir("/proc") if p.isdigit()
             and open(f"/proc/{p}/stat").read().split()[3] == str(os.getpid())]
     assert not kids, kids
-    assert fds() == before, (before, fds())
+    assert open_fds() == before, (before, open_fds())
     print("OK")
 
 

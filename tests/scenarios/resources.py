@@ -11,10 +11,7 @@ import torch
 
 import stoker
 from scenario_datasets import Big, Squares
-
-
-def fds():
-    return len(os.listdir("/proc/self/fd"))
+from scenarios.procfs import open_fds
 
 
 def big_batches_through_a_small_dev_shm():
@@ -35,7 +32,7 @@ def big_batches_through_a_small_dev_shm():
 def a_dropped_iterator_is_freed():
     """With the garbage collector off, an iterator dropped mid-epoch is freed at once."""
     gc.disable()
-    before = fds()
+    before = open_fds()
     for kw in ({"num_workers": 2}, {"num_workers": "auto", "prefetch_factor": "auto"},
                {"num_workers": 2, "hang_timeout": 30.0, "seed": "per_sample"}):
         loader = stoker.DataLoader(Squares(n=64, shape=(16,)), batch_size=4, **kw)
@@ -45,7 +42,7 @@ def a_dropped_iterator_is_freed():
         ref = weakref.ref(it)
         del it
         assert ref() is None, kw
-        assert fds() == before, (kw, before, fds())
+        assert open_fds() == before, (kw, before, open_fds())
         for pid in pids:
             assert not os.path.exists(f"/proc/{pid}") or \
                 open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
@@ -54,20 +51,20 @@ def a_dropped_iterator_is_freed():
 
 def few_fds_while_many_batches_are_held():
     """Holding 100 batches costs the main process no descriptor per batch."""
-    before = fds()
+    before = open_fds()
     loader = stoker.DataLoader(Squares(n=400, shape=(256,)), batch_size=4, num_workers=4)
     held = []
     for i, b in enumerate(loader):
         held.append(b)
         if i == 10:
-            early = fds()
+            early = open_fds()
         if i == 90:
-            late = fds()
+            late = open_fds()
     assert len(held) == 100
     # per worker: its channel, its pidfd, its status page, its two log memfds and
     # multiprocessing's two pipes; per loader the epoll set and the board; never one per batch
     assert early == late and late - before <= 7 * 4 + 2, (before, early, late)
-    assert fds() == before, (before, fds())
+    assert open_fds() == before, (before, open_fds())
     assert all(float(b[0][k, 0]) == 4 * i + k for i, b in enumerate(held) for k in range(4))
     print("OK")
 

@@ -8,6 +8,7 @@ import os
 
 import stoker
 from scenario_datasets import Lookup
+from scenarios.procfs import private_kb
 
 
 def spawned_workers_map_the_same_memory():
@@ -18,11 +19,6 @@ def spawned_workers_map_the_same_memory():
     assert [int(x) for b in out for x in b[0]] == [i * 97 for i in range(100)]
     assert all(bool(x) for b in out for x in b[1])   # mapped, not unpickled into a copy
     print("OK")
-
-
-def private_kb():
-    return sum(int(line.split()[1]) for line in open("/proc/self/smaps_rollup")
-               if line.startswith(("Private_Dirty", "Private_Clean")))
 
 
 def reading_does_not_grow_a_forked_child():

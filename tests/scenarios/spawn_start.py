@@ -12,11 +12,7 @@ import torch
 
 import stoker
 from scenario_datasets import Arrays, MarksShared, Reports
-
-
-def private_kb(pid):
-    return sum(int(line.split()[1]) for line in open(f"/proc/{pid}/smaps_rollup")
-               if line.startswith(("Private_Dirty", "Private_Clean")))
+from scenarios.procfs import private_kb
 
 
 def workers_share_the_dataset(marks, method):
