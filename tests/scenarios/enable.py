@@ -56,13 +56,14 @@ def child_served(q):
     q.put((sum(len(b) for b in dl), stoker.stats(dl)["served_by"]))
 
 
+class ShardLoader(DataLoader):
+    """A framework's subclass of torch's DataLoader (module-level: stoker top shows its
+    __qualname__)."""
+
+
 def top_names_the_server():
     """stoker top names an enabled framework subclass's server; prints SERVER and the render."""
     stoker.enable()
-
-    class ShardLoader(DataLoader):
-        pass
-
     it = iter(ShardLoader(Slow(1000), batch_size=2, num_workers=1))
     next(it)
     mine = [ld for ld in top.snapshot() if ld["pid"] == os.getpid()]
