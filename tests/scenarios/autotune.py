@@ -17,11 +17,10 @@ from stoker.autotune import tuner as _autotune
 
 
 def deaths_while_the_tuner_changes_its_mind(steps, depth):
-    """SIGKILLs on indices 5, 37 and 90 while a tuner cycles through `steps` (a count, or a
-    [count, depth] pair) at every window: two persistent epochs as a fixed loader's, 3 deaths."""
+    """Three SIGKILLs under a tuner cycling through `steps` leave two epochs as a fixed loader's."""
     _cgroup.usable_cpus = lambda: 3
     _measure.WINDOW_S = 0.0
-    script = itertools.cycle(steps)
+    script = itertools.cycle(steps)  # a step: a worker count, or a [count, depth] pair
 
     def decide(self, window, batch):
         step = next(script)

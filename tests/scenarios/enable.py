@@ -47,8 +47,7 @@ class LocksInWorkers(torch.utils.data.Dataset):
 
 
 def child_served(q):
-    """In a spawned child: puts (samples, served_by) of a torch loader, or None if stoker is not
-    enabled there."""
+    """In a spawned child: (samples, served_by) of a torch loader, or None where stoker is off."""
     if not _enable.is_enabled():
         q.put(None)
         return
@@ -81,8 +80,7 @@ def _ask(ctx):
 
 
 def enable_reaches_spawned_children():
-    """A spawned child of a program that called stoker.enable() is served too; after
-    stoker.disable(), a new child is not. Prints CHILD and AFTER."""
+    """A spawned child is served after stoker.enable() and not after stoker.disable()."""
     stoker.enable(on_error="skip")  # here only: the spawned child does not run this line
     ctx = mp.get_context("spawn")
     print("CHILD", _ask(ctx))
@@ -94,8 +92,7 @@ KEPT = []  # what the exit scenario leaves alive until the interpreter exits
 
 
 def exit_with_a_live_spawn_iterator(persistent):
-    """The process exits while a spawn iterator and its workers are alive (kept in KEPT, as a
-    script's globals would be); prints EXITING."""
+    """Exits with a spawn iterator and its workers alive (kept in KEPT); prints EXITING."""
     dl = stoker.DataLoader(LocksInWorkers(), batch_size=2, num_workers=2,
                            multiprocessing_context="spawn", persistent_workers=persistent)
     it = iter(dl)

@@ -20,6 +20,7 @@ K = _stoker.VIEW_SLOT_DIVISOR
 
 
 def held_bytes(ts):
+    """The bytes of the storages under tensors `ts`."""
     return sum(t.untyped_storage().nbytes() for t in ts)
 
 

@@ -29,8 +29,7 @@ def _doctor(*args):
 
 
 def doctor_on_a_small_shm_with_stale_torch_files():
-    """stoker doctor warns of a 16 MiB /dev/shm and a dead process's torch file, cleans that
-    file only, and fails once /dev/shm is nearly full."""
+    """stoker doctor warns of a small /dev/shm and a stale torch file, cleans it, fails if full."""
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that no longer exists
     with open(f"/dev/shm/torch_{dead.pid}_1234_0", "wb") as f:

@@ -23,8 +23,7 @@ def make(workers):
 
 
 def worker_killed_just_before_the_checkpoint():
-    """A state taken right after a worker holding prefetched batches died resumes the epoch
-    exactly, in this loader and in a fresh one with 4 workers."""
+    """A state taken just after a worker holding prefetched batches died resumes exactly."""
     ref = as_lists(make(0))
     loader = make(2)
     it = iter(loader)
@@ -42,9 +41,8 @@ def worker_killed_just_before_the_checkpoint():
 
 
 def train_and_checkpoint(ckpt, kill_at):
-    """Trains on an epoch, checkpointing (loader state and what was seen) at `ckpt` after every
-    step and printing "STEP n"; sleeps at step `kill_at` to be killed; resumes from `ckpt` where
-    one exists. Prints "SEEN" and every batch seen once the epoch ends."""
+    """A training run: a checkpoint at `ckpt` every step, resumed from; it stops at `kill_at`."""
+    # Prints "STEP n" after each step's checkpoint, "SEEN" and every batch once the epoch ends.
     loader = make(2)
     seen = []  # stands for the model: what the checkpointed steps have learnt from
     if os.path.exists(ckpt):

@@ -8,8 +8,7 @@ from resume_datasets import UnevenStream
 
 
 def load_state_after_a_stream_ended(persistent):
-    """Worker 0's stream ends early; loading an earlier state on the live iterator starts over
-    from it (worker 0 started again), and the next epoch is whole."""
+    """load_state_dict on the live iterator after worker 0's stream ended starts over from it."""
     def make():
         return stoker.DataLoader(UnevenStream(), batch_size=None, num_workers=2,
                                  persistent_workers=persistent)

@@ -88,10 +88,10 @@ def descriptors_reach_every_worker():
 
 
 def shared_tensor_written_by_workers(sharing_strategy=None):
-    """What spawn workers write into a shared tensor reaches the main process (under
-    `sharing_strategy`, set first where given: "file_system" makes it pickled per worker)."""
+    """Spawn workers' writes to a shared tensor reach this process (under `sharing_strategy`)."""
     if sharing_strategy is not None:
         torch.multiprocessing.set_sharing_strategy(sharing_strategy)
+    # under "file_system", shared by file name: one receiver a pickle, so pickled per worker
     ds = MarksShared()
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     assert sorted(int(v) for b in loader for v in b) == list(range(16))

@@ -20,6 +20,7 @@ def served(q):
 
 
 def main():
+    """Prints its arguments, a spawn loader's samples and server, and its child's."""
     print("ARGS", sys.argv[1:])
     dl = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
     print("MAIN", sum(len(b) for b in dl), stoker.stats(dl)["served_by"])

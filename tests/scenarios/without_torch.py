@@ -7,8 +7,7 @@ import sys
 
 
 def engine_delivers_numpy():
-    """With torch unimportable, the wire format, collation and SharedList work on NumPy, and
-    stoker.DataLoader says it needs PyTorch."""
+    """Without torch the wire format and SharedList work; DataLoader says it needs torch."""
     assert "torch" not in sys.modules, "torch was imported before the scenario hid it"
     sys.modules["torch"] = None  # any `import torch` now fails
     import numpy as np
