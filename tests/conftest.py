@@ -41,6 +41,13 @@ def run_script(code: str, timeout: float = 60, env: dict | None = None, wrapper=
         pytest.fail(f"scenario hung for {timeout}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
 
 
+def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:
+    """The command line that runs scenario `name` with JSON-able `args` and `kwargs` (for a
+    test that needs the process itself: Popen, its output line by line, a signal)."""
+    return [sys.executable, "-m", "scenarios", name,
+            json.dumps({"args": list(args), "kwargs": kwargs or {}})]
+
+
 def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None, wrapper=None,
                  kwargs: dict | None = None):
     """Runs scenario `name` ("module.function" in ``tests/scenarios/``) with JSON-able `args`
@@ -51,8 +58,7 @@ def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None,
     full_env["PYTHONFAULTHANDLER"] = "1"
     if env:
         full_env.update(env)
-    cmd = [sys.executable, "-m", "scenarios", name,
-           json.dumps({"args": list(args), "kwargs": kwargs or {}})]
+    cmd = scenario_command(name, *args, kwargs=kwargs)
     if wrapper:
         cmd = wrapper + cmd
     try:
@@ -73,29 +79,12 @@ def scenario():
     return run_scenario
 
 
-_RUNNING_LOADER = """
-import signal
-# Ctrl+C as in a terminal. A suite started as a background job of a non-interactive shell (`make
-# test &`) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt:
-# this process would sit out the test's SIGINT (the cause of the Ctrl+C test's rare timeout).
-signal.signal(signal.SIGINT, signal.default_int_handler)
-import stoker
-from scenario_datasets import Slow
-loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
-                           multiprocessing_context={context!r})
-it = iter(loader)
-next(it)
-print("PIDS", *[p.pid for p in it._workers], flush=True)
-for b in it:
-    pass
-"""
-
-
 def start_running_loader(context=None):
-    """A child process iterating a slow loader (its own session, so a test can signal the group).
-    Returns (Popen, worker pids) once the first batch has arrived."""
+    """A child process iterating a slow loader (its own session, so a test can signal the group):
+    scenario ``running_loader.slow_epoch``. Returns (Popen, worker pids) once the first batch
+    has arrived."""
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", _RUNNING_LOADER.format(context=context)],
+    proc = subprocess.Popen(scenario_command("running_loader.slow_epoch", context),
                             cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     line = proc.stdout.readline()

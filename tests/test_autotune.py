@@ -288,46 +288,15 @@ def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypa
 
 
 @pytest.mark.parametrize("steps,depth", [
-    ("[1, 3, 2]", None),  # the worker count only
-    ("[(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)]", "auto"),  # the count and the depth
-])
-def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(script, steps, depth):
+    ([1, 3, 2], None),  # the worker count only
+    ([[1, 8], [3, 1], [2, 5], [3, 2], [1, 1]], "auto"),  # the count and the depth
+], ids=["[1, 3, 2]-None", "[(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)]-auto"])
+def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(scenario, steps, depth):
     """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes the
     count (and the depth) at every window, persistent workers over two epochs: every index once,
     in the sampler's order, three deaths, no worker left behind."""
-    r = script(f"""
-import itertools, os, tempfile, torch, stoker
-from stoker import _system as _cgroup
-from stoker.autotune import measure as _measure
-from stoker.autotune import tuner as _autotune
-from scenario_datasets import KillsOnceAt
-_cgroup.usable_cpus = lambda: 3
-_measure.WINDOW_S = 0.0
-script = itertools.cycle({steps})
-def decide(self, window, batch):
-    step = next(script)
-    if isinstance(step, tuple):
-        self.active, self.depth = step
-    else:
-        self.active = step
-    return self.active
-_autotune.Tuner.decide = decide
-loader = stoker.DataLoader(KillsOnceAt(bad=[5, 37, 90], marks=tempfile.mkdtemp(), n=120),
-                           batch_size=4, shuffle=True, num_workers="auto",
-                           prefetch_factor={depth!r}, persistent_workers=True,
-                           generator=torch.Generator().manual_seed(1))
-ref = stoker.DataLoader(KillsOnceAt(bad=[], marks="", n=120), batch_size=4, shuffle=True,
-                        num_workers=2, persistent_workers=True,
-                        generator=torch.Generator().manual_seed(1))
-for epoch in range(2):
-    got = [b[1].tolist() for b in loader]
-    assert got == [b[1].tolist() for b in ref], epoch
-assert len(loader.deaths) == 3, loader.deaths
-assert {{d.index for d in loader.deaths}} == {{5, 37, 90}}, loader.deaths
-del loader
-import gc; gc.collect()
-print("OK")
-""", timeout=120)
+    r = scenario("autotune.deaths_while_the_tuner_changes_its_mind", steps, depth,
+                 timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
@@ -522,7 +491,6 @@ def test_stoker_top_shows_the_depth():
     assert mine and mine[0]["prefetch_factor"] == 2
     assert "prefetch 2 (auto)" in top.render(mine, {}, 0.0)
     del it
-
 
 
 class Uneven(torch.utils.data.IterableDataset):

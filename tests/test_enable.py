@@ -7,14 +7,15 @@ import copy
 import inspect
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import stoker
+from scenarios.enable import Squares
 from stoker.integrations import enable as _enable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,10 +41,8 @@ def test_dataloader_calls_torch_init_with_keywords(monkeypatch):
     assert seen["kwargs"]["batch_size"] == 2 and "sampler" in seen["kwargs"]
 
 
-def test_dataloader_is_imported_with_the_package():
-    r = subprocess.run([sys.executable, "-c", "import sys, stoker; "
-                        "print('stoker._loader' in sys.modules, 'DataLoader' in vars(stoker))"],
-                       capture_output=True, text=True, timeout=60)
+def test_dataloader_is_imported_with_the_package(scenario):
+    r = scenario("enable_import.dataloader_is_imported_with_the_package", timeout=60)
     assert r.stdout.split() == ["True", "True"], r.stderr
 
 
@@ -67,16 +66,6 @@ def test_options_are_public_attributes_and_survive_recreation():
                  "max_shared_memory"):
         assert getattr(again, name) == getattr(dl, name), name
     assert again.options.max_shared_memory == 1 << 30
-
-
-class Squares(torch.utils.data.Dataset):
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        if i == 3:
-            raise ValueError("sample 3 is bad")
-        return torch.tensor([i * i])
 
 
 def test_loader_pickles_and_copies_after_an_epoch_with_its_own_state():
@@ -170,50 +159,15 @@ def test_first_iterator_logs_who_serves_the_loader(caplog):
     assert "on_error='skip'" in served[0]
 
 
-def test_stoker_top_names_the_server(script):
-    r = script("""
-import json, torch, stoker
-from torch.utils.data import DataLoader
-from scenario_datasets import Slow
-from stoker import top
-stoker.enable()
-class ShardLoader(DataLoader):
-    pass
-it = iter(ShardLoader(Slow(1000), batch_size=2, num_workers=1))
-next(it)
-mine = [ld for ld in top.snapshot() if ld["pid"] == __import__("os").getpid()]
-print("SERVER", json.dumps([ld["served_by"] for ld in mine]))
-print(top.render(mine, {}, 0.0))
-""", timeout=120)
+def test_stoker_top_names_the_server(scenario):
+    r = scenario("enable.top_names_the_server", timeout=120)
     assert 'SERVER ["stoker.enable() ShardLoader"]' in r.stdout, r.stdout + r.stderr
     assert "stoker.enable() ShardLoader" in r.stdout.split("SERVER")[1].split("\n", 1)[1]
 
 
-_RUN_SCRIPT = """
-import multiprocessing as mp, sys, torch, stoker
-from torch.utils.data import DataLoader
-from test_enable import Squares
-
-def served(q):
-    dl = DataLoader(Squares(), batch_size=2, num_workers=1)
-    q.put((sum(len(b) for b in dl), stoker.stats(dl)["served_by"]))
-
-if __name__ == "__main__":
-    print("ARGS", sys.argv[1:])
-    dl = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
-    print("MAIN", sum(len(b) for b in dl), stoker.stats(dl)["served_by"])
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=served, args=(q,))
-    p.start()
-    print("CHILD", *q.get(timeout=120))
-    p.join()
-"""
-
-
 @pytest.mark.parametrize("how", ["script", "module"])
 def test_stoker_run_serves_an_unchanged_script_and_its_spawned_children(tmp_path, how):
-    (tmp_path / "train_unchanged.py").write_text(_RUN_SCRIPT)
+    shutil.copy(os.path.join(HERE, "scenarios", "train_unchanged.py"), tmp_path)
     env = dict(os.environ, STOKER_ON_ERROR="skip",
                PYTHONPATH=os.pathsep.join([HERE, str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     target = ["train_unchanged.py"] if how == "script" else ["-m", "train_unchanged"]
@@ -235,68 +189,15 @@ def test_stoker_run_rejects_bad_options():
     assert r.returncode == 2 and "on_error must be one of" in r.stderr
 
 
-def test_enable_reaches_spawned_children_of_a_program(script):
-    r = script("""
-import multiprocessing as mp, stoker
-from test_enable import _child_served
-
-def ask(ctx):
-    q = ctx.Queue()
-    p = ctx.Process(target=_child_served, args=(q,))
-    p.start()
-    out = q.get(timeout=120)
-    p.join()
-    return out
-
-if __name__ == "__main__":
-    stoker.enable(on_error="skip")  # in the main guard: the child does not run this line
-    ctx = mp.get_context("spawn")
-    print("CHILD", ask(ctx))
-    stoker.disable()
-    print("AFTER", ask(ctx))
-""", timeout=240)
+def test_enable_reaches_spawned_children_of_a_program(scenario):
+    r = scenario("enable.enable_reaches_spawned_children", timeout=240)
     assert "CHILD (7, 'stoker.enable()')" in r.stdout, r.stdout + r.stderr
     assert "AFTER None" in r.stdout, r.stdout + r.stderr
 
 
-def _child_served(q):
-    if not _enable.is_enabled():
-        q.put(None)
-        return
-    dl = DataLoader(Squares(), batch_size=2, num_workers=1)
-    q.put((sum(len(b) for b in dl), stoker.stats(dl)["served_by"]))
-
-
-class LocksInWorkers(torch.utils.data.Dataset):
-    """Each worker creates a multiprocessing lock (as a tqdm bar does): a semaphore the resource
-    tracker watches until the worker's exit cleanup unregisters it."""
-
-    locks: list = []
-
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        if not self.locks:
-            import multiprocessing
-
-            self.locks.append(multiprocessing.get_context("spawn").Lock())
-        return torch.tensor([i])
-
-
 @pytest.mark.parametrize("persistent", [True, False])
-def test_exit_with_a_live_spawn_iterator_leaks_no_semaphore(script, persistent):
-    r = script(f"""
-import stoker
-from test_enable import LocksInWorkers
-if __name__ == "__main__":
-    dl = stoker.DataLoader(LocksInWorkers(), batch_size=2, num_workers=2,
-                           multiprocessing_context="spawn", persistent_workers={persistent})
-    it = iter(dl)
-    next(it)
-    next(it)
-    print("EXITING", flush=True)  # with the iterator and its workers alive
-""", timeout=120)
+def test_exit_with_a_live_spawn_iterator_leaks_no_semaphore(scenario, persistent):
+    r = scenario("enable.exit_with_a_live_spawn_iterator", persistent, timeout=120)
     assert "EXITING" in r.stdout, r.stdout + r.stderr
     assert "leaked semaphore" not in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr

@@ -39,16 +39,8 @@ def test_stats_is_json_and_describes_workers_and_memory():
     assert s["deaths"] == [] and s["skipped"] == []
 
 
-def test_data_stall_notice_names_the_slow_stage(script):
-    r = script("""
-import logging, stoker
-from scenario_datasets import Slow
-logging.basicConfig(format="%(message)s")
-loader = stoker.DataLoader(Slow(400), batch_size=2, num_workers=1, stall_notice=0.3)
-for b in loader:
-    pass
-print("OK", loader.stats()["data_stall"] if False else "")
-""", timeout=120)
+def test_data_stall_notice_names_the_slow_stage(scenario):
+    r = scenario("observability.data_stall_notice", timeout=120)
     assert "OK" in r.stdout, r.stderr
     assert r.stderr.count("waited for data") == 1, r.stderr
     assert "__getitem__" in r.stderr and "num_workers" in r.stderr, r.stderr
@@ -96,29 +88,7 @@ def test_prometheus_scrape_on_localhost():
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
-def test_doctor_on_a_small_shm_with_stale_torch_files(script):
-    r = script("""
-import json, os, subprocess, sys
-dead = subprocess.Popen(["true"]); dead.wait()          # a pid that no longer exists
-with open(f"/dev/shm/torch_{dead.pid}_1234_0", "wb") as f: f.write(b"x" * 8192)
-with open(f"/dev/shm/torch_{os.getpid()}_5678_0", "wb") as f: f.write(b"y" * 4096)
-def doctor(*args):
-    p = subprocess.run([sys.executable, "-m", "stoker", "doctor", "--json", *args],
-                       capture_output=True, text=True)
-    return p.returncode, json.loads(p.stdout)
-code, rep = doctor()
-checks = {c["check"]: c for c in rep["checks"]}
-assert code == 0, rep
-assert checks["/dev/shm"]["status"] == "warn" and "16.0 MiB" in checks["/dev/shm"]["detail"]
-assert checks["stale torch shared memory"]["status"] == "warn"
-assert f"torch_{dead.pid}_1234_0" in checks["stale torch shared memory"]["detail"]
-assert f"torch_{os.getpid()}_5678_0" not in checks["stale torch shared memory"]["detail"]
-code, rep = doctor("--clean-stale-shm")
-assert rep["cleaned"] == {"files": 1, "bytes": 8192}, rep["cleaned"]
-assert sorted(os.listdir("/dev/shm")) == [f"torch_{os.getpid()}_5678_0"]
-with open("/dev/shm/filler", "wb") as f: f.write(b"z" * 15 * 2**20)   # 94% full
-code, rep = doctor()
-assert code == 1 and {c["check"]: c for c in rep["checks"]}["/dev/shm"]["status"] == "fail"
-print("OK")
-""", timeout=120, wrapper=TINY_SHM)
+def test_doctor_on_a_small_shm_with_stale_torch_files(scenario):
+    r = scenario("observability.doctor_on_a_small_shm_with_stale_torch_files", timeout=120,
+                 wrapper=TINY_SHM)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -85,94 +85,22 @@ def test_an_unpicklable_dataset_raises_what_pickle_raises():
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_workers_share_the_dataset_and_it_is_pickled_once(script, tmp_path, method):
-    r = script(f"""
-import os, time, torch, stoker
-from scenario_datasets import Arrays
-
-def private_kb(pid):
-    return sum(int(l.split()[1]) for l in open(f'/proc/{{pid}}/smaps_rollup')
-               if l.startswith(('Private_Dirty', 'Private_Clean')))
-
-base = private_kb(os.getpid()) // 1024  # what a process with these imports holds
-ds = Arrays(mb=192, marks={str(tmp_path)!r})
-loader = stoker.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context={method!r})
-epochs = {2 if method == "spawn" else 1}
-for epoch in range(epochs):
-    seen, pids = [], set()
-    for x, writable, pid in loader:
-        seen += [int(v) for v in x[:, 0]]
-        pids.update(int(p) for p in pid)
-        assert bool(writable.all())
-        if len(seen) == 32:
-            grown = [private_kb(p) // 1024 for p in pids]
-    assert seen == [int(a[0]) for a in ds.arrays], seen
-    assert len(pids) == 2
-    # Each worker's own memory holds no copy of the 192 MiB (torch's workers each hold one).
-    assert max(grown) < base + 96, (base, grown)
-pickled = open({str(tmp_path)!r} + "/pickled").read().split()
-# Once per epoch (non-persistent workers start again with the dataset as it is now), never
-# once per worker.
-assert pickled == [str(os.getpid())] * epochs, pickled
-print("OK", base, grown)
-""", timeout=180)
+def test_workers_share_the_dataset_and_it_is_pickled_once(scenario, tmp_path, method):
+    r = scenario("spawn_start.workers_share_the_dataset", str(tmp_path), method,
+                 timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_restarted_and_persistent_workers_map_the_same_memfd(script, tmp_path):
-    r = script(f"""
-import os, signal, torch, stoker
-from scenario_datasets import Arrays
-
-def memfd_inodes(pid):
-    try:  # a batch may come from the worker killed after loading it
-        maps = open(f'/proc/{{pid}}/maps').read().splitlines()
-    except FileNotFoundError:
-        return set()
-    read.add(pid)
-    return {{line.split()[4] for line in maps if 'stoker-dataset' in line}}
-
-ds = Arrays(mb=16, marks={str(tmp_path)!r}, write=True)
-loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn",
-                           persistent_workers=True)
-inodes, killed, read, victim = set(), False, set(), None
-for epoch in range(2):
-    seen = []
-    for x, writable, pid in loader:
-        seen += [int(v) for v in x[:, 0]]
-        assert [int(v) for v in x[:, 1]] == [-1] * len(x)   # its own write, seen by itself
-        for p in set(int(q) for q in pid):
-            inodes |= memfd_inodes(p)
-        if not killed:
-            killed, victim = True, int(pid[0])
-            os.kill(victim, signal.SIGKILL)
-    assert seen == [int(a[0]) for a in ds.arrays], seen
-# The workers' writes never reached this process.
-assert all(int(a[1]) != -1 for a in ds.arrays)
-assert len(inodes) == 1, inodes
-assert len(read - {{victim}}) >= 2, read  # the one left and the restarted one, at least
-assert len(open({str(tmp_path)!r} + "/pickled").read().split()) == 1
-print("OK", stoker.stats(loader)["restarts"] if "restarts" in stoker.stats(loader) else "")
-""", timeout=180)
+def test_restarted_and_persistent_workers_map_the_same_memfd(scenario, tmp_path):
+    r = scenario("spawn_start.restarted_and_persistent_workers_map_one_memfd",
+                 str(tmp_path), timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_what_multiprocessing_passes_as_descriptors_reaches_every_worker(script):
+def test_what_multiprocessing_passes_as_descriptors_reaches_every_worker(scenario):
     # An mp.Queue (a pipe and a lock), an mp.Value (an arena) and a SharedList: each pickles
     # only while a process starts, as a descriptor; one pickle must serve every worker.
-    r = script("""
-import multiprocessing as mp, torch, stoker
-from scenario_datasets import Reports
-
-ctx = mp.get_context("spawn")
-ds = Reports(ctx.Queue(), ctx.Value("i", 0), stoker.SharedList(range(100)))
-loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=ctx)
-got = [int(v) for b in loader for v in b]
-assert got == list(range(16)), got
-pids = {ds.queue.get(timeout=10) for _ in range(16)}
-assert len(pids) == 2 and ds.counter.value == 16, (pids, ds.counter.value)
-print("OK")
-""", timeout=120)
+    r = scenario("spawn_start.descriptors_reach_every_worker", timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
@@ -223,28 +151,12 @@ def test_what_counts_one_receiver_a_pickle_is_pickled_per_worker():
         torch.multiprocessing.set_sharing_strategy(before)
 
 
-def test_a_shared_tensor_the_workers_write_reaches_the_main_process(script):
-    r = script("""
-import torch, stoker
-from scenario_datasets import MarksShared
-ds = MarksShared()
-loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
-assert sorted(int(v) for b in loader for v in b) == list(range(16))
-assert ds.seen.tolist() == [1.0] * 16, ds.seen   # every worker wrote into the same memory
-print("OK")
-""", timeout=120)
+def test_a_shared_tensor_the_workers_write_reaches_the_main_process(scenario):
+    r = scenario("spawn_start.shared_tensor_written_by_workers", timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_dataset_that_must_be_pickled_per_worker_still_starts_and_shares(script):
-    r = script("""
-import torch, stoker
-torch.multiprocessing.set_sharing_strategy("file_system")
-from scenario_datasets import MarksShared
-ds = MarksShared()   # shared by file name: one receiver a pickle, so pickled per worker
-loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
-assert sorted(int(v) for b in loader for v in b) == list(range(16))
-assert ds.seen.tolist() == [1.0] * 16, ds.seen
-print("OK")
-""", timeout=120)
+def test_a_dataset_that_must_be_pickled_per_worker_still_starts_and_shares(scenario):
+    r = scenario("spawn_start.shared_tensor_written_by_workers", "file_system",
+                 timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -3,24 +3,6 @@
 from __future__ import annotations
 
 
-def test_engine_without_torch_delivers_numpy(script):
-    r = script("""
-import sys
-sys.modules["torch"] = None          # any `import torch` now fails
-import numpy as np
-import stoker
-from stoker import _stoker
-samples = [{"x": np.full((2, 3), i, np.float32), "y": i, "name": f"s{i}"} for i in range(4)]
-batch = _stoker.decode(_stoker.encode(samples, _stoker.MODE_COLLATE))
-assert type(batch["x"]) is np.ndarray and batch["x"].shape == (4, 2, 3), batch
-assert batch["x"].dtype == np.float32 and batch["y"].tolist() == [0, 1, 2, 3]
-assert batch["name"] == ["s0", "s1", "s2", "s3"]
-sl = stoker.SharedList([{"a": 1}, {"b": 2}])
-assert sl[1] == {"b": 2}
-try:
-    stoker.DataLoader
-except ImportError as e:
-    assert "needs PyTorch" in str(e), e
-    print("OK")
-""", timeout=60)
+def test_engine_without_torch_delivers_numpy(scenario):
+    r = scenario("without_torch.engine_delivers_numpy", timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -117,29 +117,11 @@ def test_a_killed_worker_of_a_stateful_stream_restarts_from_its_state(tmp_path, 
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_load_state_dict_after_a_workers_stream_ended_starts_that_worker_again(script,
-                                                                              persistent):
+def test_load_state_dict_after_a_workers_stream_ended_starts_that_worker_again(
+        scenario, persistent):
     """Worker 0's stream ends early; load_state_dict on the live iterator starts over from the
     loaded state: worker 0 (stopped, non-persistent) is started again, nothing waits on it."""
-    r = script(f"""
-import torch, stoker
-from resume_datasets import UnevenStream
-def make():
-    return stoker.DataLoader(UnevenStream(), batch_size=None, num_workers=2,
-                             persistent_workers={persistent})
-whole = [int(x) for x in make()]
-loader = make()
-it = iter(loader)
-first = [int(next(it))]
-after_one = loader.state_dict()
-first += [int(next(it)) for _ in range(11)]  # past worker 0's two items: its stream ended
-assert sum(1 for x in first if x < 1000) == 2, first
-loader.load_state_dict(after_one)
-again = [int(x) for x in it]
-assert first[:1] + again == whole, (again, whole)
-assert [int(x) for x in loader] == whole
-print("OK")
-""", timeout=60)
+    r = scenario("resume_iterable.load_state_after_a_stream_ended", persistent, timeout=60)
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 

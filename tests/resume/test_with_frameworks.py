@@ -2,7 +2,7 @@
 Lightning's fit loop (it saves the state of loaders that have state_dict) and accelerate's
 save_state/load_state (with register_for_checkpointing, the one line accelerate needs: its
 use_stateful_dataloader builds torchdata's loader instead of keeping yours).
-torch.distributed.checkpoint is in test_resume.py. Each run dies right after its checkpoint
+torch.distributed.checkpoint is in test_state_dict.py. Each run dies right after its checkpoint
 (os._exit) and a fresh process resumes; every sample of the epoch must be trained on exactly
 once across the two. Scripts live in tests/frameworks/."""
 

@@ -1,0 +1,14 @@
+"""A scenario of tests/test_enable.py kept apart from ``enable.py``: this module imports nothing
+at its top, so that the scenario sees what ``import stoker`` alone imports."""
+
+from __future__ import annotations
+
+import sys
+
+
+def dataloader_is_imported_with_the_package():
+    """Prints whether `import stoker` imported stoker._loader and stoker.DataLoader with it."""
+    assert "stoker" not in sys.modules, "stoker was imported before the scenario ran"
+    import stoker
+
+    print("stoker._loader" in sys.modules, "DataLoader" in vars(stoker))
