@@ -7,38 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def run_script(code: str, timeout: float = 60, env: dict | None = None, wrapper=None):
-    """Runs `code` in a fresh interpreter (cwd = tests/), returns CompletedProcess.
-
-    A hang is a failure: the process group is killed at `timeout`.
-    """
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = HERE + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env["PYTHONFAULTHANDLER"] = "1"
-    if env:
-        full_env.update(env)
-    cmd = [sys.executable, "-c", textwrap.dedent(code)]
-    if wrapper:
-        cmd = wrapper + cmd
-    try:
-        return subprocess.run(
-            cmd,
-            cwd=HERE,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"scenario hung for {timeout}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
 
 
 def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:
@@ -67,11 +39,6 @@ def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None,
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"scenario {name} hung for {timeout}s\nstdout:\n{e.stdout}\n"
                     f"stderr:\n{e.stderr}")
-
-
-@pytest.fixture
-def script():
-    return run_script
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ resume across placements, nothing left on the cluster."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -228,20 +228,11 @@ def test_nothing_is_left_after_del_an_exception_or_the_end(clean):
 def test_a_killed_training_process_leaves_nothing_on_the_cluster(clean):
     ray = clean["ray"]
     total = ray.cluster_resources()["CPU"]
-    code = textwrap.dedent(f"""
-        import stoker
-        from scenario_datasets import Slow
-        loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
-                                   placement=stoker.Ray(address={ADDRESS!r}))
-        it = iter(loader)
-        next(it)
-        print("RUNNING", flush=True)
-        for b in it:
-            pass
-    """)
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=HERE, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", "scenarios", "ray_cluster.train_until_killed",
+           json.dumps([ADDRESS])]
+    p = subprocess.Popen(cmd, cwd=HERE, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
     try:
         line = p.stdout.readline()
         assert line.startswith("RUNNING"), line + p.stderr.read()

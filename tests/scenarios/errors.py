@@ -19,7 +19,7 @@ from scenario_datasets import (
     Squares,
     collate_with_lock,
 )
-from scenarios.procfs import open_fds
+from scenarios.probes import open_fds
 
 
 def exception_in_getitem_keeps_type_index_and_traceback():

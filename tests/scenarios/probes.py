@@ -1,5 +1,6 @@
-"""What a scenario reads off its own process and the batches it got: its children, whether a
-process still runs, the labels a loader delivered. Also imported by tests in the pytest process."""
+"""What a scenario reads off its own process (from /proc) and the batches it got: its children,
+whether a process still runs, its open descriptors and private memory, the labels a loader
+delivered. Also imported by tests in the pytest process."""
 
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def open_fds(pid="self") -> int:
+    """How many descriptors process `pid` holds open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def private_kb(pid="self") -> int:
+    """Process `pid`'s private memory, clean and dirty, in KiB (from smaps_rollup)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f
+                   if line.startswith(("Private_Dirty", "Private_Clean")))
 
 
 def labels(batches) -> list[int]:

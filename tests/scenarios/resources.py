@@ -11,7 +11,7 @@ import torch
 
 import stoker
 from scenario_datasets import Big, Squares
-from scenarios.procfs import open_fds
+from scenarios.probes import open_fds
 
 
 def big_batches_through_a_small_dev_shm():

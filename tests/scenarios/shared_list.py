@@ -8,7 +8,7 @@ import os
 
 import stoker
 from scenario_datasets import Lookup
-from scenarios.procfs import private_kb
+from scenarios.probes import private_kb
 
 
 def spawned_workers_map_the_same_memory():

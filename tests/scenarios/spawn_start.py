@@ -12,7 +12,7 @@ import torch
 
 import stoker
 from scenario_datasets import Arrays, MarksShared, Reports
-from scenarios.procfs import private_kb
+from scenarios.probes import private_kb
 
 
 def workers_share_the_dataset(marks, method):
