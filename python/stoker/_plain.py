@@ -16,6 +16,7 @@ Pure functions; any thread.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import pickle
@@ -105,15 +106,30 @@ def loads_plain(data: bytes):
     return _PlainUnpickler(io.BytesIO(data)).load()
 
 
-def digest(value) -> str:
+def digest(value, str_keys: bool = False) -> str:
     """A SHA-256 of plain data, the same for equal values whatever a checkpoint format does to
-    their containers (a tuple read back as a list, a dict in another order)."""
+    their containers (a tuple read back as a list, a dict in another order); with `str_keys`,
+    also whatever JSON does to them (an int key read back as a str)."""
     h = hashlib.sha256()
-    _feed(h, value)
+    _feed(h, value, str_keys)
     return h.hexdigest()
 
 
-def _feed(h, v) -> None:
+def b64encode(b: bytes | None) -> str | None:
+    """A buffer as text (what JSON holds); None stays None."""
+    return None if b is None else base64.b64encode(b).decode("ascii")
+
+
+def b64decode(s) -> bytes | None:
+    """What ``b64encode`` wrote; ValueError for anything else."""
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise ValueError(f"expected base64 text, got {type(s).__name__}")
+    return base64.b64decode(s.encode("ascii"), validate=True)
+
+
+def _feed(h, v, str_keys: bool = False) -> None:
     if v is None:
         h.update(b"N")
     elif isinstance(v, bool):
@@ -131,12 +147,16 @@ def _feed(h, v) -> None:
     elif isinstance(v, (list, tuple)):
         h.update(b"l" + struct.pack("<Q", len(v)))
         for x in v:
-            _feed(h, x)
+            _feed(h, x, str_keys)
     elif isinstance(v, dict):
         h.update(b"d" + struct.pack("<Q", len(v)))
-        for k in sorted(v, key=lambda k: (type(k).__name__, repr(k))):
-            _feed(h, k)
-            _feed(h, v[k])
+        if str_keys:
+            items = sorted(((str(k), x) for k, x in v.items()), key=lambda kx: kx[0])
+        else:
+            items = [(k, v[k]) for k in sorted(v, key=lambda k: (type(k).__name__, repr(k)))]
+        for k, x in items:
+            _feed(h, k, str_keys)
+            _feed(h, x, str_keys)
     elif _tensor_type() and isinstance(v, _tensor_type()):
         t = v.detach().cpu().contiguous()
         meta = f"{t.dtype}|{tuple(t.shape)}".encode()

@@ -14,17 +14,24 @@
 - ``generators_now``: the generators when the state was taken (the next epoch after a finished
   one starts from them);
 - ``seed``, ``skipped``, ``quarantined``, ``distributed`` (a DistributedSampler's rank and world);
-- a stateful IterableDataset: ``worker_states`` ((worker, state) pairs) and ``last_worker``;
+- the workers' states: ``worker_states`` ((worker, state) pairs: a dataset's or stream's own
+  state, the worker's generators, whether its stream ended; ``engine/stream_state.py``),
+  ``last_worker`` (the worker of the last batch received) and ``workers`` (the num_workers
+  they were taken with: only the same number restores them);
 - stateful samplers: ``sampler_states`` ({path: state} as the epoch began) and
   ``sampler_states_now`` (when the state was taken).
 
-Every value is plain data (``_plain``: ints, strings, bytes that are never unpickled, tuples,
-dicts, tensors): ``torch.save`` with ``torch.load(weights_only=True)`` and
-``torch.distributed.checkpoint`` take it, and loading one runs no code. ``from_dict`` refuses
+Every value is plain data (``_plain``: ints, strings, tuples, dicts, and whatever plain data a
+dataset's own state holds): ``torch.save`` with ``torch.load(weights_only=True)`` and
+``torch.distributed.checkpoint`` take it, and loading one runs no code. Since version 3 the
+document is JSON too: its buffers (``torch_rng``, ``order``, ``generators``,
+``generators_now``) are base64 text in it (bytes in ``State``), and its digest does not change
+when JSON turns tuples into lists and int keys into strings. ``from_dict`` refuses
 what is not a state (a missing or unknown key, another version); ``validate.py`` checks every
 field against the loader it is loaded into.
 
-Version 2 keeps streams' and samplers' states as plain data. A version-1 state (stoker 0.1)
+Version 2 keeps streams' and samplers' states as plain data, its buffers as bytes (still
+read). A version-1 state (stoker 0.1)
 pickled each stream's state: it is read with an unpickler that builds nothing but plain values
 (``_plain.loads_plain``), so a crafted one is refused before any of it runs.
 
@@ -40,11 +47,14 @@ from dataclasses import dataclass, field
 from torch.utils.data import IterableDataset
 
 from .._errors import StateMismatchError
-from .._plain import digest, loads_plain
+from .._plain import b64decode, b64encode, digest, loads_plain
 from . import order
 
-VERSION = 2
-READS = (1, 2)  # the versions this release loads
+VERSION = 3
+READS = (1, 2, 3)  # the versions this release loads
+# The fields that are buffers: bytes in a State, base64 text in a version-3 document.
+_BUFFER = ("torch_rng", "order")
+_BUFFERS = ("generators", "generators_now")
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class State:
     order: bytes | None = None
     worker_states: tuple = ()  # (worker id, state)
     last_worker: int | None = None
+    workers: int | None = None  # the num_workers worker_states were taken with
     sampler_states: dict = field(default_factory=dict)  # path -> state, as the epoch began
     sampler_states_now: dict = field(default_factory=dict)
 
@@ -74,7 +85,7 @@ class State:
     # reports until it is iterated); the rest describe the loader and its records.
     POSITION = ("epoch", "finished", "position", "delivered_after", "batches_yielded",
                 "base_seed", "torch_rng", "generators", "sampler_epoch", "order",
-                "worker_states", "last_worker", "sampler_states")
+                "worker_states", "last_worker", "workers", "sampler_states")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -82,7 +93,11 @@ class State:
 
     def to_dict(self) -> dict:
         out = {"version": VERSION, **{k: getattr(self, k) for k in self.keys()}}
-        out["digest"] = digest({k: out[k] for k in self.keys()})
+        for k in _BUFFER:
+            out[k] = b64encode(out[k])
+        for k in _BUFFERS:
+            out[k] = tuple(b64encode(g) for g in out[k])
+        out["digest"] = digest({k: out[k] for k in self.keys()}, str_keys=True)
         return out
 
     @classmethod
@@ -91,8 +106,18 @@ class State:
         is not one. Nothing in it is run or unpickled but a version-1 stream state, read as
         plain values only."""
         check_version(sd)
-        if sd["version"] == 1:
+        version = sd["version"]
+        if version == 1:
             sd = _from_version_1(sd)
+        elif version >= 3:
+            sd = _from_json_form(sd)
+        if version < 3:
+            if "workers" in sd:  # a later state relabelled: its digest would not cover it
+                raise StateMismatchError(
+                    f"stoker: this state says version {version} but has workers, which "
+                    "only version 3 has: it was edited or made by another tool. Nothing was "
+                    "loaded.")
+            sd = {**sd, "workers": None}
         keys = cls.keys()
         missing = [k for k in keys if k not in sd]
         if missing:
@@ -113,10 +138,45 @@ class State:
         return {k: getattr(self, k) for k in self.POSITION}
 
 
+def _from_json_form(sd: dict) -> dict:
+    """A version-3 document as a State's fields: buffers back to bytes, JSON's lists back to
+    the tuples stoker keeps (a dataset's own state is left as the document has it, as
+    torchdata leaves it)."""
+    out = dict(sd)
+    try:
+        for k in _BUFFER:
+            if k in out:
+                out[k] = b64decode(out[k])
+        for k in _BUFFERS:
+            if k in out and isinstance(out[k], (list, tuple)):
+                out[k] = tuple(b64decode(g) for g in out[k])
+    except (ValueError, TypeError) as e:
+        raise StateMismatchError(
+            f"stoker: this state's {k} is not the base64 text state_dict() wrote ({e}): the "
+            "checkpoint was edited, truncated or made by another tool. Nothing was loaded.") \
+            from None
+    for k in ("delivered_after", "skipped", "quarantined"):
+        if isinstance(out.get(k), list):
+            out[k] = _tuples(out[k])
+    if isinstance(out.get("worker_states"), list):
+        out["worker_states"] = tuple(tuple(p) if isinstance(p, list) else p
+                                     for p in out["worker_states"])
+    if isinstance(out.get("loader"), dict):
+        out["loader"] = {k: _tuples(v) for k, v in out["loader"].items()}
+    return out
+
+
+def _tuples(v):
+    """JSON's lists as tuples, all the way down (indices, fingerprints)."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_tuples(x) for x in v)
+    return v
+
+
 def check_digest(sd: dict) -> None:
-    """A version-2 state carries a digest of its fields (``state_dict()`` made it): a state
-    whose fields were changed afterwards (a hand edit, a truncated or corrupted file, a value
-    that is in range but not the one saved) is refused. Version 1 had none."""
+    """A state since version 2 carries a digest of its fields (``state_dict()`` made it): a
+    state whose fields were changed afterwards (a hand edit, a truncated or corrupted file, a
+    value that is in range but not the one saved) is refused. Version 1 had none."""
     if sd["version"] < 2:
         return
     saved = sd.get("digest")
@@ -126,7 +186,8 @@ def check_digest(sd: dict) -> None:
             "(a hex string). The checkpoint was edited, truncated or made by another tool: "
             "nothing was loaded.")
     try:
-        now = digest({k: sd[k] for k in State.keys()})
+        now = digest({k: sd[k] for k in State.keys() if k != "workers" or sd["version"] >= 3},
+                     str_keys=sd["version"] >= 3)
     except TypeError as e:
         raise StateMismatchError(f"stoker: this state holds something that is not plain data "
                                  f"({e}): nothing was loaded.") from None
@@ -229,7 +290,7 @@ def check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
     # Resized (elastic): each rank has another share of the epoch, so another number of batches.
     ignore = ("batches_per_epoch",) if elastic else ()
     diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
-             for k in here if k not in ignore and saved.get(k) != here.get(k)]
+             for k in here if k not in ignore and _tuples(saved.get(k)) != _tuples(here.get(k))]
     if "num_workers" in (d.split(":")[0] for d in diffs):
         diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
                      "depend on num_workers, and a stateful one's state is saved per worker, "

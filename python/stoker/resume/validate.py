@@ -18,6 +18,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 
 from .._errors import StateMismatchError
 from .._plain import is_plain
+from ..engine import rng_state
 from . import elastic
 from . import order as _order
 from .state import State
@@ -95,12 +96,34 @@ def check_fields(st: State) -> None:
         for p in st.worker_states)
         and len({p[0] for p in st.worker_states}) == len(st.worker_states),
         "worker_states", st.worker_states, "(worker id, plain state) pairs, one per worker")
+    for w, state in st.worker_states:
+        _check_worker_state(w, state)
     _expect(st.last_worker is None or (_int(st.last_worker) and st.last_worker >= 0),
             "last_worker", st.last_worker, "None or a worker id")
+    _expect(st.workers is None or (_int(st.workers) and st.workers >= 0), "workers",
+            st.workers, "None or the num_workers the states were taken with")
     for name in ("sampler_states", "sampler_states_now"):
         v = getattr(st, name)
         _expect(isinstance(v, dict) and all(isinstance(k, str) for k in v) and is_plain(v),
                 name, v, "a dict of samplers' states (plain data)")
+
+
+_WORKER_KEYS = {"dataset", "iterator", "self", "position", "rng", "ended"}
+
+
+def _check_worker_state(w: int, state) -> None:
+    """A worker's state as ``engine/stream_state.capture`` takes it (a state saved by stoker
+    0.1 may be another plain value: it is the dataset's, passed on as it is)."""
+    if not isinstance(state, dict) or not set(state) <= _WORKER_KEYS:
+        return
+    name = f"worker_states (worker {w})"
+    pos = state.get("position", 0)
+    _expect(_int(pos) and pos >= 0, name, state, "a stream position (an int >= 0)")
+    _expect(state.get("ended", False) in (True, False), name, state,
+            "'ended' True or False")
+    if state.get("rng") is not None:
+        why = rng_state.problem(state["rng"])
+        _expect(why is None, name, state["rng"], f"the worker's random generators: {why}")
 
 
 def _hashable(v) -> bool:
@@ -153,11 +176,13 @@ def check_against(st: State, loader) -> None:
                 st.worker_states, f"states of workers 0..{workers - 1}")
         _expect(st.last_worker is None or st.last_worker < workers, "last_worker",
                 st.last_worker, f"None or a worker id below {workers}")
-    else:
-        _expect(not st.worker_states, "worker_states", st.worker_states,
-                "nothing (a map-style dataset has no stream states)")
-        _expect(st.last_worker is None, "last_worker", st.last_worker,
-                "None (a map-style dataset)")
+    else:  # a map-style dataset's states are used only with the num_workers they came from
+        saved = max(1, st.workers) if st.workers is not None else 0
+        _expect(all(p[0] < saved for p in st.worker_states), "worker_states",
+                st.worker_states, f"states of workers 0..{saved - 1} (workers: {st.workers})"
+                if saved else "nothing (no num_workers saved with them)")
+        _expect(st.last_worker is None or st.last_worker < max(1, saved), "last_worker",
+                st.last_worker, f"None or a worker id below {max(1, saved)}")
     if st.order is not None:
         s = loader.sampler
         _expect(isinstance(s, DistributedSampler), "order", st.order,
