@@ -240,3 +240,145 @@ class MosaicLikeStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         k, w = (0, 1) if info is None else (info.id, info.num_workers)
         return iter(range(k, self.n, w))
+
+
+# -- per-worker states (tests/resume/test_worker_states.py) ---------------------------------------
+def _worker():
+    """(worker id, number of workers): (0, 1) in the main process."""
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class CountedStreams(torch.utils.data.IterableDataset):
+    """A stream without state where worker w yields counts[w] items (w * 100 + k): with
+    counts (0, 10, 7) worker 0 has nothing, and worker 2 ends before worker 1. In the main
+    process (num_workers=0) it yields counts[0] items."""
+
+    def __init__(self, counts=(0, 10, 7)):
+        self.counts = tuple(counts)
+
+    def __iter__(self):
+        wid, _ = _worker()
+        return iter(range(wid * 100, wid * 100 + self.counts[wid]))
+
+
+class OwnRng(Dataset):
+    """A map-style dataset with its own generator (a random.Random): sample i is
+    (i, a draw from it). Its state is the generator's, as plain data (ints and tuples): each
+    worker's copy advances with what that worker loaded."""
+
+    def __init__(self, n=24, seed=0):
+        self.n = n
+        self.rng = random.Random(seed)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, self.rng.random()
+
+    def state_dict(self):
+        return {"rng": self.rng.getstate()}
+
+    def load_state_dict(self, state):
+        version, internal, gauss = state["rng"]  # a JSON round trip makes the tuples lists
+        self.rng.setstate((version, tuple(internal), gauss))
+
+
+class OwnRngKilledOnce(OwnRng):
+    """OwnRng whose worker is SIGKILLed the first time it loads sample `at` (a marker file in
+    `marks` says it happened: the restarted worker goes on)."""
+
+    def __init__(self, n, at, marks, seed=0):
+        super().__init__(n, seed)
+        self.at, self.marks = at, marks
+
+    def __getitem__(self, i):
+        _kill_once(i, self.at, self.marks)
+        return super().__getitem__(i)
+
+
+class AugmentedKilledOnce(Augmented):
+    """Augmented whose worker is SIGKILLed the first time it loads sample `at` (once: a marker
+    file in `marks`)."""
+
+    def __init__(self, n, at, marks):
+        super().__init__(n)
+        self.at, self.marks = at, marks
+
+    def __getitem__(self, i):
+        _kill_once(i, self.at, self.marks)
+        return super().__getitem__(i)
+
+
+def _kill_once(i, at, marks):
+    import os
+    import signal
+
+    mark = os.path.join(marks, f"killed-{i}")
+    if i == at and torch.utils.data.get_worker_info() is not None and not os.path.exists(mark):
+        open(mark, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RandomDrawStream(torch.utils.data.IterableDataset):
+    """A stream without state: each worker's share of 0..n-1, each item with a draw from
+    random, NumPy and torch (a float64 tensor [item, py, numpy, torch])."""
+
+    def __init__(self, n=24):
+        self.n = n
+
+    def __iter__(self):
+        wid, nw = _worker()
+        for i in range(wid, self.n, nw):
+            yield torch.tensor([i, random.random(), np.random.rand(), torch.rand(()).item()],
+                               dtype=torch.float64)
+
+
+class EpochCountingStream(torch.utils.data.IterableDataset):
+    """A stream whose state counts its epochs: each __iter__ begins the next one, and its items
+    say which (epoch * 1000 + item, each worker its share of 0..n-1)."""
+
+    def __init__(self, n=12):
+        self.n = n
+        self.epoch = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.epoch = state["epoch"]
+
+    def __iter__(self):
+        self.epoch += 1
+        wid, nw = _worker()
+        return iter([self.epoch * 1000 + i for i in range(wid, self.n, nw)])
+
+
+class SelfIteratingStream(torch.utils.data.IterableDataset):
+    """A stream that is its own iterator: __iter__ sets up its share of 0..n-1 and its position
+    and returns self. Its load_state_dict checks the position against that share, which only
+    __iter__ creates: the state must be loaded after iter(), not before."""
+
+    def __init__(self, n=20):
+        self.n = n
+
+    def __iter__(self):
+        wid, nw = _worker()
+        self.items = list(range(wid, self.n, nw))
+        self.pos = 0
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        if not 0 <= state["pos"] <= len(self.items):
+            raise ValueError(f"position {state['pos']} outside this worker's {len(self.items)}")
+        self.pos = state["pos"]

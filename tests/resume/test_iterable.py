@@ -179,7 +179,7 @@ def test_methods_named_state_dict_with_other_arguments_are_not_the_stateful_prot
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
-    assert sd["worker_states"] == ()
+    assert not [s for _, s in sd["worker_states"] if {"dataset", "iterator", "self"} & set(s)]
     del it
     resumed = stoker.DataLoader(MosaicLikeStream(12), batch_size=2, num_workers=workers)
     resumed.load_state_dict(sd)

@@ -66,8 +66,8 @@ def test_the_cursor_records_what_reached_the_user_and_a_state_resumes_it():
     for task in range(4):  # a task carries the item the stream drew last
         drawn.append(next(stream))
         cursor.sent(task)
-    cursor.delivered(0)
-    cursor.delivered(2)  # out of order
+    cursor.delivered(0, 0)
+    cursor.delivered(2, 0)  # out of order
     sd = checkpoint.get_state(loader, rec, Options())
     assert sd["position"] == 1 and sd["delivered_after"] == (2,) and sd["batches_yielded"] == 2
     assert not sd["finished"] and sd["epoch"] == 1
@@ -110,9 +110,9 @@ def test_the_cursor_keeps_the_streams_state_that_goes_with_each_outcome():
     cursor.observe(BatchReady(1, 5, None))
     assert cursor.restart_state(1) == (True, b"after-5")  # a restart continues from here
     assert cursor.restart_state(0) == (True, None)  # delivered nothing: starts as it did
-    cursor.observe(BatchReady(0, 6, None))  # an outcome without a state: not restartable
-    assert cursor.restart_state(0) == (False, None)
-    cursor.delivered(5)
+    cursor.observe(BatchReady(0, 6, None))  # an outcome without a state: a map-style
+    assert cursor.restart_state(0) == (True, None)  # dataset's tasks are loaded again
+    cursor.delivered(5, 1)
     assert rec.resume.current.streams.received == {1: b"after-5"}
 
 

@@ -2,7 +2,7 @@
 
 Runs the user's dataset exactly as torch's worker loop does (same seeding, worker info, fetch and
 collate semantics). What differs is what the worker tells the main process: the sample it is on
-(``enter``), the samples it skipped, a stateful stream's state with each batch, and its errors
+(``enter``), the samples it skipped, its state with each batch (stream_state.py), and its errors
 with the dataset index.
 
 ``WorkerConfig`` is everything a worker needs, in one picklable object (it travels to the worker
@@ -65,8 +65,15 @@ class WorkerConfig:
     shared_memory_share: int | None = None  # bytes this worker's batches may take (None: no cap)
     shared_seed: int | None = None  # an IterDataPipe's shuffle seed, the same in every worker
     seeder: seeding.SampleSeeder | None = None  # seed="per_sample"
-    # A resumed (or restarted) stateful IterableDataset: worker id -> the state it restores.
+    # A resumed (or restarted) worker: worker id -> the state it restores (stream_state.py:
+    # its dataset's and stream's own states, its generators).
     stream_states: dict = field(default_factory=dict)
+
+    @property
+    def keeps_rng(self) -> bool:
+        """Workers seeded by torch's rule draw from generators whose state a resume must put
+        back; under seed="per_sample" every sample is seeded on its own."""
+        return self.seeder is None
 
 
 class WorkerLoop:
@@ -82,6 +89,8 @@ class WorkerLoop:
         self.fetcher: Fetcher | None = None
         self.init_error: Exception | None = None  # reported with the first task, as torch does
         self.ended = False  # an IterableDataset ran out: later tasks are ignored
+        self.restored_ended = False  # resumed from a state taken after its stream ran out
+        self._last_state = None  # the state sent last (an unchanged one is not sent again)
 
     # -- start -----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -124,13 +133,15 @@ class WorkerLoop:
 
     def _new_fetcher(self, states) -> Fetcher:
         c = self.config
-        # A resumed stateful IterableDataset: this worker's saved state back.
-        mine = states.get(self.worker_id) if states and c.kind == ITERABLE else None
+        # A resumed (or restarted) worker: its saved state back, in torchdata's order.
+        mine = states.get(self.worker_id) if states else None
         stream_state.restore_dataset(self.dataset, mine)
         f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
                     c.max_retries, self._on_sample, stream_state.position_of(mine))
         if c.kind == ITERABLE:
-            stream_state.restore_iterator(f.iterator, mine)
+            stream_state.restore_iterator(self.dataset, f.iterator, mine)
+            self.restored_ended = stream_state.ended(mine)
+        stream_state.restore_rng(mine)
         return f
 
     # -- the loop --------------------------------------------------------------------------------
@@ -163,6 +174,7 @@ class WorkerLoop:
         # the main process this worker has taken its message and is busy with it.
         self.endpoint.enter(protocol.STATE_STARTING, self.task, None)
         self.ended = False
+        self._last_state = None  # the new epoch's record starts empty: send the first one
         base_seed, shared, restore = protocol.decode_resume(payload)
         if shared is not None:  # an IterDataPipe: the new epoch's shuffle order
             self.dataset = _torch_compat.with_shared_seed(self.dataset, shared)
@@ -183,10 +195,14 @@ class WorkerLoop:
             return
         kind = self.config.kind
         try:
+            if self.restored_ended:  # its stream had run out when the state was taken
+                self.restored_ended = False
+                raise StopIteration
             data = self.fetcher.fetch(index)
         except StopIteration:
             if kind == ITERABLE:
                 self.ended = True
+                self._send_stream_state(task, quiet=True, ended=True)
                 self._report_skipped(task, dropped=False)
                 ep.send(MSG_END, task)
                 return
@@ -218,30 +234,33 @@ class WorkerLoop:
         ep.update_rss()
 
     # -- what goes back --------------------------------------------------------------------------
-    def _send_stream_state(self, task: int, quiet: bool = False) -> bool:
-        """A stateful IterableDataset's state, sent before the task's outcome (the main process
-        pairs them). False when it could not be taken: the task's outcome is then that error (a
-        batch whose state is lost could not be resumed after); with `quiet`, a failure sends
-        nothing (the outcome is an error anyway)."""
-        if self.config.kind != ITERABLE:
-            return True
+    def _send_stream_state(self, task: int, quiet: bool = False, ended: bool = False) -> bool:
+        """The worker's state (stream_state.py), sent before the task's outcome (the main
+        process pairs them) when it changed. False when it could not be taken: the task's
+        outcome is then that error (a batch whose state is lost could not be resumed after);
+        with `quiet`, a failure sends nothing (the outcome is an error anyway)."""
+        c = self.config
         f = self.fetcher
+        iterable = c.kind == ITERABLE
         try:
-            state = stream_state.capture(self.dataset, f.iterator, f.stream_pos)
+            state = stream_state.capture(self.dataset, f.iterator if iterable else None,
+                                         f.stream_pos if iterable else None, c.keeps_rng,
+                                         ended)
         except Exception as e:
             if quiet:
                 return False
             err = RuntimeError(
-                f"stoker: the IterableDataset's state_dict() failed in worker {self.worker_id} "
+                f"stoker: the dataset's state_dict() failed in worker {self.worker_id} "
                 f"({type(e).__name__}: {protocol.safe_str(e)}). stoker takes it after every "
                 "batch so that a checkpoint can resume each worker's stream, and a checkpoint "
                 "holds only plain data; make state_dict() return such a dict (positions, "
-                "seeds, names), or remove state_dict/load_state_dict from the dataset (resume "
-                "then re-reads and drops the batches already received).")
+                "seeds, names), or remove state_dict/load_state_dict from the dataset (a "
+                "stream is then read again on resume, dropping the batches already received).")
             err.__cause__ = e
             self.endpoint.send(MSG_ERROR, task, 0, self._error(err))
             return False
-        if state is not None:
+        if state is not None and state != self._last_state:
+            self._last_state = state
             self.endpoint.send(MSG_ITER_STATE, task, 0, protocol.encode_stream_state(state))
         return True
 

@@ -24,10 +24,11 @@ class Handout:
         else:
             fn(*args)
 
-    def drop(self, pull) -> None:
-        """Pulls one batch delivered before the resume, and drops it."""
+    def replayed(self, fn, *args) -> None:
+        """Runs `fn(*args)` at once for an outcome delivered before the resume (loaded again
+        and dropped)."""
         self.replaying = True
         try:
-            pull()
+            fn(*args)
         finally:
             self.replaying = False

@@ -58,7 +58,7 @@ from .recovery import Recovery
 from .starting import context_for
 from .stats import IterStats
 from .supervision import Supervision
-from .tasks import NO_BATCH, TaskTable
+from .tasks import NO_BATCH, STREAM_ENDED, TaskTable
 from .watch import HangWatch
 
 log = logging.getLogger("stoker")
@@ -179,6 +179,12 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         sup = self.__dict__.get("_sup")
         return sup is None or sup.closed
 
+    def reusable(self) -> bool:
+        """The next ``iter()`` of a persistent loader may go on with these workers: they run,
+        and no loaded state waits for them (a resume starts each worker from its saved state or
+        seeds it as the saved epoch's was: new workers do)."""
+        return not self.closed and not self._cursor.loaded()
+
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader, first_iter=False) -> None:
         self._cursor.prepare_epoch()
@@ -196,8 +202,10 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if self._stage is not None:  # batches copied ahead belong to the old epoch
             self._stage.clear()
         self._tasks.reset()
-        if start.first_worker is not None:  # a resumed stream: whose turn it was
+        if start.first_worker is not None:  # a resumed epoch: whose turn it was
             self._tasks.rotate(start.first_worker)
+        for w in sorted(start.ended):  # their streams had ended when the state was taken
+            self._tasks.retire(w)
         if not first_iter:
             # Persistent workers: a new epoch; or load_state_dict on a live iterator. Results of
             # the old one still in flight are dropped.
@@ -257,10 +265,13 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             self._stream_ended(ev)
 
     def _stream_ended(self, ev: StreamEnded) -> None:
-        """A worker's IterableDataset ran out: it takes no more tasks this epoch."""
-        # skipped before the stream ended: recorded in their turn
-        self._handout.later(self._record_skips, self._tasks.take_skips(ev.task))
-        self._tasks.retire(ev.worker)
+        """A worker's IterableDataset ran out: it takes no more tasks this epoch. The task that
+        found the end is handed out in its turn (its state, the stream's last, is the user's
+        then); the tasks after it will never be answered."""
+        tasks = self._tasks
+        tasks.accept(ev.task, STREAM_ENDED)
+        for number in tasks.retire(ev.worker):
+            self._cursor.passed(number)
         if not self._persistent_workers:
             self._mark_worker_as_unavailable(ev.worker)
         self._try_put_index()
@@ -269,10 +280,6 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         if self._cursor.pending() and not self.closed:
             # load_state_dict after this iterator began: start over from the loaded state.
             self._reset(self._cursor.loader)
-        while self._discard > 0:  # IterableDataset: batches received before the resume
-            self._discard -= 1
-            self._handout.drop(self._next_host)  # delivered before the checkpoint
-            self._num_yielded += 1
         self._stats.asking()
         batch = super().__next__()
         self._stats.yielded_one()
@@ -304,9 +311,20 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     def _process_data(self, task):
         """Hands out `task`'s outcome (it left the table): the batch, or its error raised."""
-        self._handout.later(self._delivered, task.number, task.skips)
-        self._try_put_index()
         data = task.result
+        if data is STREAM_ENDED:  # no batch: the worker's state is the user's now
+            self._handout.later(self._delivered, task.number, task.worker, task.skips, False)
+            return NO_BATCH
+        if self._discard > 0:  # a stream read again after a resume: the user had this one
+            self._discard -= 1
+            self._num_yielded += 1
+            self._handout.replayed(self._delivered, task.number, task.worker, task.skips)
+            self._try_put_index()
+            if hasattr(data, "discard"):
+                data.discard()
+            return NO_BATCH
+        self._handout.later(self._delivered, task.number, task.worker, task.skips)
+        self._try_put_index()
         if data is NO_BATCH:
             return NO_BATCH
         if isinstance(data, WorkerFailure):
@@ -318,8 +336,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             batch = _torch_compat.pin_memory(batch, self._pin_memory_device)
         return batch
 
-    def _delivered(self, task: int, skips) -> None:
-        self._cursor.delivered(task)
+    def _delivered(self, task: int, worker: int, skips, outcome: bool = True) -> None:
+        self._cursor.delivered(task, worker, outcome)
         self._record_skips(skips)
 
     def _record_skips(self, skips) -> None:

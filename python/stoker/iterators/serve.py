@@ -14,12 +14,17 @@ from .single import SingleProcessIter
 def forget_closed_iterator(loader) -> None:
     """Before torch's ``DataLoader.__iter__``: a persistent iterator that a worker's failure
     shut down cannot resume, so the next ``iter()`` starts afresh (stoker's, or one a subclass
-    brings, torchdata's say)."""
+    brings, torchdata's say); nor can live workers take a loaded state (each restores its own
+    state, or is seeded as the saved epoch's were, as it starts): new ones do."""
     it = loader.__dict__.get("_iterator")
     if it is None:
         return
-    closed = it.closed if isinstance(it, MultiProcessIter) else _torch_compat.iterator_shut_down(it)
-    if closed:
+    if isinstance(it, MultiProcessIter):
+        if it.reusable():
+            return
+        it.shutdown()
+        loader._iterator = None
+    elif _torch_compat.iterator_shut_down(it):
         loader._iterator = None
 
 

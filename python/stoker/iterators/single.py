@@ -81,11 +81,20 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if self._seeder is not None:
             self._seeder.begin_epoch(self._records.epoch, self._base_seed)
         mine = start.stream_states.get(0)
-        if mine is not None:  # a resumed stateful IterableDataset
+        if mine is not None:  # a resume: the dataset's (and its stream's) own state back
             stream_state.restore_dataset(self._dataset, mine)
-            fresh = iter(self._dataset)
-            stream_state.restore_iterator(fresh, mine)
-            self._set_stream(fresh, stream_state.position_of(mine))
+            if isinstance(self._dataset, IterableDataset):
+                fresh = iter(self._dataset)
+                stream_state.restore_iterator(self._dataset, fresh, mine)
+                self._set_stream(fresh, stream_state.position_of(mine))
+        # A state taken before the first batch resumes the dataset as the epoch began.
+        self._cursor.stream_state_here(self._state())
+
+    def _state(self, ended: bool = False):
+        """The dataset's (and its stream's) own state now (stream_state.py)."""
+        if isinstance(self._dataset, IterableDataset):
+            return stream_state.capture(self._dataset, *self._stream(), ended=ended)
+        return stream_state.capture(self._dataset, None)
 
     def _stream(self):
         """(the IterableDataset's live iterator, the items drawn from it: None when torch's own
@@ -113,10 +122,6 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
     def __next__(self):
         if self._cursor.pending():  # load_state_dict after this iterator began
             self._reset(self._cursor.loader)
-        while self._discard > 0:  # IterableDataset: batches received before the resume
-            self._discard -= 1
-            self._handout.drop(self._next_host)  # delivered before the checkpoint
-            self._num_yielded += 1
         return super().__next__()
 
     def _next_data(self):
@@ -132,23 +137,34 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
                 self._drawn()
                 continue
             except StopIteration:
-                self._handout.later(self._cursor.finished)
+                self._handout.later(self._ended, self._state(ended=True))
                 raise
             except Exception:
-                self._drawn()  # the user gets this batch's error
-                raise
-            self._drawn()
+                if self._drawn():  # read again after a resume: the user had this error
+                    continue
+                raise  # the user gets this batch's error
+            if self._drawn():  # read again after a resume: the user had this batch
+                continue
             return data
 
-    def _drawn(self) -> None:
-        """The outcome just loaded will reach the user: where it was and, for a stream, the
-        state after it, taken now, recorded when it is handed out."""
-        state = None
-        if isinstance(self._dataset, IterableDataset):  # what a resume continues from
-            state = stream_state.capture(self._dataset, *self._stream())
+    def _drawn(self) -> bool:
+        """The outcome just loaded will reach the user: where it was and the dataset's state
+        after it, taken now, recorded when it is handed out. True when the user had it before
+        a resume (a stream read again): it is dropped."""
+        state = self._state()
         f = self._dataset_fetcher
         skips = f.take_skips() if isinstance(f, PolicyFetcher) else ()
+        if self._discard > 0:
+            self._discard -= 1
+            self._num_yielded += 1
+            self._handout.replayed(self._delivered, self._cursor.here(), state, skips)
+            return True
         self._handout.later(self._delivered, self._cursor.here(), state, skips)
+        return False
+
+    def _ended(self, state) -> None:
+        self._cursor.stream_state_here(state)
+        self._cursor.finished()
 
     def _delivered(self, pos: int, state, skips) -> None:
         self._cursor.delivered_here(pos)

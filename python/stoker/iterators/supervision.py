@@ -276,10 +276,12 @@ class Supervision:
 
         self._recovery.on_exit(ex, tasks, indices, self._board, crashed)
         config = self.config
-        if self._kind == ITERABLE:  # a stateful stream continues from its last outcome's state
-            _, state = self._cursor.restart_state(ex.worker)
-            if state is not None:
-                config = dataclasses.replace(config, stream_states={ex.worker: state})
+        # The new worker goes on from the dead one's state after its last outcome (a stream's
+        # position, a dataset's own state, the generators): its re-issued tasks load as the
+        # lost attempt would have.
+        _, state = self._cursor.restart_state(ex.worker)
+        if state is not None:
+            config = dataclasses.replace(config, stream_states={ex.worker: state})
         self.start(ex.worker, config)
         if self._beginning:
             self._restarted_meanwhile.add(ex.worker)

@@ -34,6 +34,8 @@ class _Marker:
 NO_BATCH = _Marker("NO_BATCH")
 # A task's result while it is in flight.
 PENDING = _Marker("PENDING")
+# A task's result when its worker's stream ended on it: handed out in its turn, yielding nothing.
+STREAM_ENDED = _Marker("STREAM_ENDED")
 
 
 @dataclass
@@ -143,16 +145,19 @@ class TaskTable:
     def mark_available(self, worker_id: int) -> None:
         self._unavailable.discard(worker_id)
 
-    def retire(self, worker_id: int) -> None:
+    def retire(self, worker_id: int) -> list[int]:
         """`worker_id`'s stream ended: it takes no more tasks this epoch, and the tasks it still
         holds will never be answered (a worker ignores tasks after its end). They are dropped,
         so they neither fill the queue (torch leaves them counted, which is harmless only at a
         fixed depth: a shallower one under prefetch_factor="auto" would starve the other
-        workers and end the epoch) nor hold up the order."""
+        workers and end the epoch) nor hold up the order. Returns their numbers."""
         self._active[worker_id] = False
-        for number in self.in_flight(worker_id):
+        dropped = self.in_flight(worker_id)
+        for number in dropped:
             del self._tasks[number]
             self._pending -= 1
+            self._per_worker[worker_id] -= 1
+        return dropped
 
     # -- sending -----------------------------------------------------------------------------------
     def has_room(self) -> bool:

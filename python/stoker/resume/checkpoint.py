@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .._indices import plain_index
 from ..config.records import SkippedSample
+from ..engine import stream_state
 from . import elastic, validate
 from . import order as _order
 from .position import point_of
@@ -43,15 +44,20 @@ def get_state(loader, records, options) -> dict:
         return st.replace(**point.pending.position_part()).to_dict()
     rec = point.current
     if rec is None or rec.epoch != records.epoch:
-        return st.to_dict()  # no epoch begun in this process (or since a finished state loaded)
+        # No epoch begun in this process, or a finished state was loaded since: its workers'
+        # states, which the next epoch's workers carry on from.
+        return st.replace(worker_states=tuple(sorted(point.carry.items())),
+                          workers=point.carry_workers).to_dict()
     d = rec.delivered
     return st.replace(
         epoch=rec.epoch, finished=d.finished, position=d.prefix,
         delivered_after=tuple(sorted(d.extra)), batches_yielded=d.yielded,
         base_seed=rec.base_seed, torch_rng=rec.torch_rng, generators=rec.generators,
         sampler_epoch=rec.sampler_epoch, order=rec.order,
-        worker_states=tuple(sorted(rec.streams.received.items())),
-        last_worker=rec.streams.last_worker, sampler_states=dict(rec.sampler_states),
+        worker_states=tuple((w, stream_state.plain(v))
+                            for w, v in sorted(rec.streams.received.items())),
+        last_worker=rec.streams.last_worker, workers=rec.workers,
+        sampler_states=dict(rec.sampler_states),
     ).to_dict()
 
 
@@ -80,9 +86,11 @@ def set_state(loader, records, sd) -> None:
     records.set_skipped(SkippedSample(i, r, e) for i, r, e in state.skipped)
     records.quarantined = set(state.quarantined)
     point.current = None
+    point.carry, point.carry_workers = {}, None
     if state.finished:
         # The next iter() begins the next epoch, with the generators where the saved run had them.
         point.pending = None
+        point.carry, point.carry_workers = dict(state.worker_states), state.workers
         records.epoch = state.epoch
         _order.set_generators(loader, state.generators_now)
         _order.set_sampler_states(loader, state.sampler_states_now)

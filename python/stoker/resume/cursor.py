@@ -26,6 +26,7 @@ Every iterator (multi-process or not) has one ``Cursor`` and tells it what happe
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from dataclasses import dataclass, field
 
@@ -33,10 +34,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .._errors import StateMismatchError
+from ..engine import stream_state
 from ..engine.events import StreamState, is_outcome
 from . import elastic
 from . import order as _order
 from .position import EpochPosition, SamplerStream, point_of
+
+log = logging.getLogger("stoker")
 
 
 @dataclass
@@ -45,10 +49,12 @@ class EpochStart:
 
     sampler_iter: object  # the counted sampler stream, in place of the base iterator's
     base_seed: int
-    # A resumed stateful IterableDataset: worker -> the state its worker restores.
+    # worker -> the state its worker restores (stream_state.py): a resume, or what persistent
+    # workers carried out of a finished epoch that was loaded.
     stream_states: dict = field(default_factory=dict)
-    first_worker: int | None = None  # the first task goes to this worker (a resumed stream)
-    discard: int = 0  # batches to load again and drop (a stream that cannot be positioned)
+    first_worker: int | None = None  # the first task goes to this worker (a resumed epoch)
+    discard: int = 0  # outcomes to load again and drop (a stream that cannot be positioned)
+    ended: frozenset = frozenset()  # workers whose stream had ended when the state was taken
 
 
 class Cursor:
@@ -79,10 +85,56 @@ class Cursor:
         return pending.base_seed if pending is not None else drawn
 
     def starting_stream_states(self) -> dict:
-        """What workers started before the first epoch begins restore (a pending resume of a
-        stateful stream)."""
+        """What workers started before the first epoch begins restore (a pending resume, or
+        the states a loaded finished epoch's workers carry into the next)."""
+        loader = self._loader()
         pending = self._point.pending
-        return dict(pending.worker_states or ()) if pending is not None else {}
+        if pending is not None:
+            return self._resumed(pending, loader, warn=False)
+        return self._carried(loader, warn=False)
+
+    def _resumed(self, pending, loader, warn: bool = True) -> dict:
+        """The states a resume gives the workers: none for a stream that cannot be positioned
+        (no dataset or iterator state: it is read again from its start)."""
+        states = self._usable(pending.worker_states, pending.workers, loader, warn)
+        if isinstance(loader.dataset, IterableDataset) and not any(
+                stream_state.is_stream_state(v) for v in states.values()):
+            return {}
+        return states
+
+    def _usable(self, states, workers, loader, warn: bool = True) -> dict:
+        """The saved workers' states this loader's workers restore: all of them with the
+        num_workers they were saved with. A map-style dataset's state saved without workers
+        goes into the dataset every worker copies; other states are not restored, with a
+        warning (the order of samples is exact; datasets' own states and the generators of
+        augmentation start afresh)."""
+        states = dict(states or ())
+        n = loader.num_workers
+        if not states or workers is None or workers == n:
+            return states
+        if (workers == 0 and not isinstance(loader.dataset, IterableDataset)
+                and "dataset" in states.get(0, {})):
+            stream_state.restore_dataset(loader.dataset, {"dataset": states[0]["dataset"]})
+            return {}
+        if warn:
+            log.warning(
+                "stoker: this state was saved with num_workers=%d and is resumed with %d: the "
+                "samples and their order continue exactly, but the workers' own states (a "
+                "dataset's state_dict, the random generators of augmentation under torch's "
+                "seeding) start afresh. Resume with num_workers=%d for bit-identical values, "
+                "or use seed=\"per_sample\", whose values do not depend on the workers.",
+                workers, n, workers)
+        return {}
+
+    def _carried(self, loader, warn: bool = True) -> dict:
+        """A finished epoch's states, loaded, for the next epoch's workers: persistent ones
+        (and num_workers=0's dataset) carry their state from epoch to epoch; new workers of a
+        non-persistent loader start from the dataset as it is in this process."""
+        point = self._point
+        if not point.carry or not (loader.persistent_workers or loader.num_workers == 0):
+            return {}
+        return self._usable(stream_state.into_next_epoch(point.carry), point.carry_workers,
+                            loader, warn)
 
     # -- epochs ----------------------------------------------------------------------------------
     def prepare_epoch(self) -> None:
@@ -108,11 +160,23 @@ class Cursor:
         rec.sampler_states = self._sampler_states or {}
         self._sampler_states = None
         start = EpochStart(None, base_seed)
+        carried = self._carried(loader) if pending is None else {}
+        point.carry, point.carry_workers = {}, None
+        previous = point.current
         if pending is not None:
             self._apply(pending, rec, start, loader)
         else:
             rec.generators = _order.capture_generators(loader)
             rec.sampler_epoch = _order.sampler_epoch(loader)
+            if carried:  # a loaded finished epoch: its workers' states go on
+                start.stream_states = carried
+                rec.streams.received = dict(carried)
+            elif (previous is not None and previous.epoch == rec.epoch - 1
+                  and (loader.persistent_workers or loader.num_workers == 0)):
+                # Workers that live on keep their states: until a worker delivers in this
+                # epoch, its state is the one it ended the last with.
+                rec.streams.received = stream_state.into_next_epoch(previous.streams.received)
+        rec.workers = loader.num_workers
         if rec.order is not None:  # an epoch resumed elastically: this rank's share of the rest
             s = loader.sampler
             sampler_iter = elastic.batches(elastic.share(rec.order, s.num_replicas, s.rank),
@@ -139,26 +203,28 @@ class Cursor:
                 f"sampler.set_epoch({rec.sampler_epoch}) before iterating (or after "
                 "load_state_dict, which sets it), as the saved run did."
             )
-        states = dict(pending.worker_states or ())
+        states = self._resumed(pending, loader)
         d = rec.delivered
-        if isinstance(loader.dataset, IterableDataset) and states:
-            # Each worker's stream continues from its own saved state.
-            d.prefix = rec.skip_prefix = pending.position
-            d.yielded = pending.batches_yielded
-            rec.streams.received = dict(states)
-            rec.streams.last_worker = pending.last_worker
-            start.stream_states = states
-            if loader.num_workers and pending.last_worker is not None:
-                start.first_worker = (pending.last_worker + 1) % loader.num_workers
-        elif isinstance(loader.dataset, IterableDataset):
-            # Workers' streams cannot be positioned: the batches already received are loaded
-            # again and dropped (their positions are marked as they go by).
-            start.discard = pending.position
-        else:
-            d.prefix = rec.skip_prefix = pending.position
+        iterable = isinstance(loader.dataset, IterableDataset)
+        if iterable and not states:
+            # Workers' streams cannot be positioned: they start afresh (as the saved epoch's
+            # did) and the outcomes already received are loaded again and dropped.
+            start.discard = pending.batches_yielded
+            rec.replay = True
+            return
+        # Each worker continues from its own saved state; the tasks go round from the worker
+        # after the one of the last batch received, as they would have.
+        d.prefix = rec.skip_prefix = pending.position
+        d.yielded = pending.batches_yielded
+        if not iterable:
             d.extra = set(pending.delivered_after)
             rec.skip_extra = frozenset(d.extra)
-            d.yielded = pending.batches_yielded
+        rec.streams.received = dict(states)
+        rec.streams.last_worker = pending.last_worker
+        start.stream_states = states
+        start.ended = frozenset(w for w, v in states.items() if stream_state.ended(v))
+        if states and loader.num_workers and pending.last_worker is not None:
+            start.first_worker = (pending.last_worker + 1) % loader.num_workers
         rec.replay = True
 
     # -- progress --------------------------------------------------------------------------------
@@ -177,18 +243,31 @@ class Cursor:
             if sent is not None:
                 s.arrived[ev.worker] = sent[1]
 
-    def delivered(self, task: int) -> None:
-        """Multi-process: the outcome of `task` reached the user (a batch, an error, or
-        nothing when all its samples were skipped)."""
+    def delivered(self, task: int, worker: int, outcome: bool = True) -> None:
+        """Multi-process: the outcome of `task`, loaded by `worker`, reached the user (a batch,
+        an error, or nothing when all its samples were skipped); `outcome` False: the task
+        found its worker's stream ended (it counts as no batch)."""
         rec = self.record
         pos = rec.task_pos.pop(task, None)
         if pos is not None:
             rec.delivered.mark(pos)
-            rec.delivered.yielded += 1
-        sent = rec.streams.by_task.pop(task, None)
+            if outcome:
+                rec.delivered.yielded += 1
+        s = rec.streams
+        sent = s.by_task.pop(task, None)
         if sent is not None:
-            rec.streams.received[sent[0]] = sent[1]
-            rec.streams.last_worker = sent[0]
+            s.received[sent[0]] = sent[1]
+        if outcome:
+            s.last_worker = worker
+
+    def passed(self, task: int) -> None:
+        """Multi-process: `task` will never have an outcome (its worker's stream ended before
+        it): its position counts as delivered."""
+        rec = self.record
+        pos = rec.task_pos.pop(task, None)
+        if pos is not None:
+            rec.delivered.mark(pos)
+        rec.streams.by_task.pop(task, None)
 
     def here(self) -> int:
         """One process: the position of the item drawn last."""
@@ -199,9 +278,11 @@ class Cursor:
         rec = self.record
         rec.delivered.mark(self._stream.pos if pos is None else pos)
         rec.delivered.yielded += 1
+        rec.streams.last_worker = 0
 
     def stream_state_here(self, state: dict | None) -> None:
-        """One process: the stateful stream's state after the batch just delivered."""
+        """One process: the dataset's (or stream's) state after the batch just delivered, or
+        as the epoch begins or ends."""
         if state is not None:
             self.record.streams.received[0] = state
 
@@ -209,23 +290,32 @@ class Cursor:
         self.record.delivered.finished = True
 
     def restart_state(self, worker_id: int):
-        """An IterableDataset: (whether a new worker in place of `worker_id` can continue its
-        stream exactly, the state it restores: None for the one the epoch's workers started
-        from). It can when the dead one delivered nothing yet (a fresh start, or the state the
-        resume gave it, is its position), or when its dataset is stateful and sent its state
-        with what it delivered."""
+        """(whether a new worker in place of `worker_id` can continue its work exactly, the
+        state it restores: None for the one the epoch's workers started from). A map-style
+        dataset's worker always can (its tasks are re-issued), from the state after its last
+        outcome if it sent one. A stream's can when the dead one delivered nothing yet (a fresh
+        start, or the state the resume gave it, is its position), or when its dataset is
+        stateful and sent its state with what it delivered."""
         rec = self.record
         if rec is None:
             return False, None
         s = rec.streams
-        if worker_id in s.arrived:
-            return True, s.arrived[worker_id]
+        state = s.arrived.get(worker_id)
+        if not isinstance(self._loader().dataset, IterableDataset):
+            return True, state
+        if state is not None and stream_state.is_stream_state(state):
+            return True, state
         if worker_id not in s.arrived_from:
             return True, None
         return False, None
 
     def can_restart_stream(self, worker_id: int) -> bool:
         return self.restart_state(worker_id)[0]
+
+    def loaded(self) -> bool:
+        """A loaded state waits for the next epoch (mid-epoch, or a finished one whose workers'
+        states carry on): workers already running cannot take it, new ones must."""
+        return self._point.pending is not None or bool(self._point.carry)
 
     def pending(self) -> bool:
         """True when ``load_state_dict`` ran after this iterator began and no iterator has taken

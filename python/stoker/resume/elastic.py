@@ -145,7 +145,9 @@ def merge(loader, states):
         distributed=dict(here),
         skipped=tuple(s for st in states for s in st.skipped),
         quarantined=tuple(sorted({q for st in states for q in st.quarantined}, key=repr)),
-        batches_yielded=0, position=0, delivered_after=())
+        batches_yielded=0, position=0, delivered_after=(),
+        # Another rank's share goes to each rank: no worker continues one of the saved ones.
+        worker_states=(), last_worker=None, workers=None)
     if all(st.finished for st in states):
         return merged.replace(finished=True, order=None)
     order = global_order(first.distributed, loader.dataset, first.sampler_epoch, first.order)

@@ -3,9 +3,10 @@ and, for a stateful stream, each worker's state.
 
 - ``Delivered``: positions ``[0, prefix)`` plus the few beyond it that ``in_order=False``
   delivered early; batches received.
-- ``Streams``: a stateful IterableDataset's per-worker states: the one that goes with the last
-  batch the user received from each worker (what a checkpoint holds), and the one after the last
-  outcome that reached the main process (what a restarted worker continues from).
+- ``Streams``: each worker's state (``engine/stream_state.py``: its dataset's and stream's own
+  states, its generators): the one that goes with the last batch the user received from it
+  (what a checkpoint holds), and the one after the last outcome that reached the main process
+  (what a restarted worker continues from).
 - ``EpochPosition``: one epoch of one iterator, made of those plus what regenerates its order
   and how a resume replays it.
 - ``SamplerStream``: the epoch's sampler iterator, counted, skipping what a resume already
@@ -47,7 +48,7 @@ class Delivered:
 
 @dataclass
 class Streams:
-    """A stateful IterableDataset's states (opaque bytes from the workers), per worker."""
+    """Workers' states (plain data from the workers, their generators raw), per worker."""
 
     received: dict = field(default_factory=dict)  # worker -> state of its last batch received
     last_worker: int | None = None  # the worker of the last batch received
@@ -74,6 +75,7 @@ class EpochPosition:
     skip_prefix: int = 0
     skip_extra: frozenset = frozenset()
     task_pos: dict = field(default_factory=dict)  # multi-process: task -> sampler position
+    workers: int | None = None  # the loader's num_workers (whose states `streams` holds)
 
 
 class SamplerStream:
@@ -122,6 +124,14 @@ class ResumePoint:
     def __init__(self):
         self.current: EpochPosition | None = None
         self.pending = None
+        # A finished epoch's workers' states, loaded (or left by the epoch before): persistent
+        # workers (and num_workers=0's dataset) carry their state into the next epoch, so the
+        # epoch that begins next starts from these, taken with `carry_workers` workers.
+        self.carry: dict = {}
+        self.carry_workers: int | None = None
+
+    def __setstate__(self, d):  # a loader pickled before carry existed
+        self.__dict__.update({"carry": {}, "carry_workers": None, **d})
 
 
 def point_of(records) -> ResumePoint:
