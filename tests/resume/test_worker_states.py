@@ -359,6 +359,21 @@ def test_an_edited_json_checkpoint_is_refused(edit):
 
 
 # -- 7. load_state_dict while persistent workers are alive ---------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_datasets_state_holding_a_tensor_resumes_through_torch_save(workers):
+    """A dataset whose state is its torch.Generator's (a tensor) resumes exactly through
+    torch.save/torch.load(weights_only=True): states holding tensors are sent and compared
+    as such."""
+    from resume_datasets import OwnTorchGenerator
+
+    def make():
+        return loader_of(OwnTorchGenerator(16), workers, batch_size=2)
+
+    ref = [rows(b) for b in make()]
+    got, _ = interrupted(make, 3, rows, saved)
+    assert got == ref
+
+
 def test_load_state_dict_into_live_persistent_workers_resumes_their_state():
     """Persistent workers whose dataset copies have advanced (an iterator is alive, mid-epoch):
     load_state_dict, then a new iter(), gives the saved run's rest of the epoch with its

@@ -76,6 +76,14 @@ class WorkerConfig:
         return self.seeder is None
 
 
+def _same(a, b) -> bool:
+    """Whether two states are equal (a state holding tensors compares as changed)."""
+    try:
+        return bool(a == b)
+    except Exception:  # a tensor's == is elementwise
+        return False
+
+
 class WorkerLoop:
     """One worker's loop over `endpoint`: ``prepare()`` once, then ``serve()`` (or ``handle()``
     for each message, when the placement delivers them)."""
@@ -259,7 +267,7 @@ class WorkerLoop:
             err.__cause__ = e
             self.endpoint.send(MSG_ERROR, task, 0, self._error(err))
             return False
-        if state is not None and state != self._last_state:
+        if state is not None and not _same(state, self._last_state):
             self._last_state = state
             self.endpoint.send(MSG_ITER_STATE, task, 0, protocol.encode_stream_state(state))
         return True
