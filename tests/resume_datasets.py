@@ -403,3 +403,23 @@ class OwnTorchGenerator(Dataset):
 
     def load_state_dict(self, state):
         self.gen.set_state(state["gen"])
+
+
+class GlobalRngState(Dataset):
+    """Sample i is i, or a torch.randint draw with `draws`; its state is torch's global RNG
+    (as some datasets make it): restoring it in the main process moves the caller's RNG."""
+
+    def __init__(self, n=20, draws=False):
+        self.n, self.draws = n, draws
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return int(torch.randint(1000, (1,)).item()) if self.draws else i
+
+    def state_dict(self):
+        return {"g": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["g"])

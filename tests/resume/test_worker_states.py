@@ -414,3 +414,61 @@ def test_a_restarted_worker_gives_the_uninterrupted_values(tmp_path, kind):
     assert (tmp_path / "killed-13").exists()
     assert len(loader.deaths) == 1
     assert got == ref
+
+
+# -- between epochs, without a generator: torch's global RNG draws the next epoch ----------------
+def global_shuffle(workers, persistent=False, draws=False):
+    from resume_datasets import GlobalRngState
+
+    return stoker.DataLoader(GlobalRngState(20, draws), batch_size=2, shuffle=True,
+                             num_workers=workers, persistent_workers=persistent)
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_a_state_saved_between_epochs_gives_the_next_shuffle_without_a_generator(workers,
+                                                                                  persistent):
+    """shuffle=True without a generator draws each epoch's order (and base seed) from torch's
+    global RNG: a state saved after an epoch resumes the next one as the uninterrupted run
+    had it, though this process's RNG moved on meanwhile, and leaves that RNG alone."""
+    torch.manual_seed(0)
+    first = global_shuffle(workers, persistent)
+    list(first)
+    sd = first.state_dict()
+    ref = [plain(b) for b in first]  # the uninterrupted run's second epoch
+    mine = torch.get_rng_state()
+    again = global_shuffle(workers, persistent)
+    again.load_state_dict(sd)
+    assert [plain(b) for b in again] == ref
+    assert torch.equal(torch.get_rng_state(), mine)
+
+
+def test_a_state_taken_before_the_first_iter_gives_that_iteration():
+    """state_dict() before iter(): loading it later (after other batches moved torch's RNG)
+    gives the batches, worker seeds included, of the iteration that followed it."""
+    torch.manual_seed(0)
+    first = global_shuffle(2, draws=True)
+    sd = first.state_dict()
+    ref = [plain(b) for b in first]
+    again = global_shuffle(2, draws=True)
+    it = iter(again)
+    for _ in range(3):
+        next(it)
+    again.load_state_dict(sd)
+    assert again.state_dict() == sd
+    assert [plain(b) for b in again] == ref
+
+
+def test_a_datasets_state_that_is_the_global_rng_resumes_later_epochs_in_one_process():
+    """num_workers=0, a dataset whose state is torch's global RNG, shuffle from that RNG: two
+    epochs, a state, two more from a new loader are the uninterrupted run's four (the
+    dataset's state goes back before the next epoch draws, as it was then)."""
+    torch.manual_seed(0)
+    first = global_shuffle(0)
+    got = [plain(b) for _ in range(2) for b in first]
+    sd = first.state_dict()
+    again = global_shuffle(0)
+    again.load_state_dict(sd)
+    got += [plain(b) for _ in range(2) for b in again]
+    torch.manual_seed(0)
+    ref_loader = global_shuffle(0)
+    assert got == [plain(b) for _ in range(4) for b in ref_loader]

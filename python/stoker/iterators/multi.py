@@ -179,6 +179,11 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         sup = self.__dict__.get("_sup")
         return sup is None or sup.closed
 
+    @property
+    def base_seed(self) -> int:
+        """The seed this iterator's workers were started from (persistent ones keep it)."""
+        return self._base_seed
+
     def reusable(self) -> bool:
         """The next ``iter()`` of a persistent loader may go on with these workers: they run,
         and no loaded state waits for them (a resume starts each worker from its saved state or

@@ -81,7 +81,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         if self._seeder is not None:
             self._seeder.begin_epoch(self._records.epoch, self._base_seed)
         mine = start.stream_states.get(0)
-        if mine is not None:  # a resume: the dataset's (and its stream's) own state back
+        if mine:  # a resume: the dataset's (and its stream's) own state back
             stream_state.restore_dataset(self._dataset, mine)
             if isinstance(self._dataset, IterableDataset):
                 fresh = iter(self._dataset)

@@ -18,6 +18,8 @@ Thread contract: called by the thread that iterates the loader (as torch's itera
 
 from __future__ import annotations
 
+import torch
+
 from .._indices import plain_index
 from ..config.records import SkippedSample
 from ..engine import stream_state
@@ -47,9 +49,9 @@ def get_state(loader, records, options) -> dict:
         # No epoch begun in this process, or a finished state was loaded since: its workers'
         # states, which the next epoch's workers carry on from.
         return st.replace(worker_states=tuple(sorted(point.carry.items())),
-                          workers=point.carry_workers).to_dict()
+                          workers=point.carry_workers, **_next_epoch(loader, point)).to_dict()
     d = rec.delivered
-    return st.replace(
+    out = st.replace(
         epoch=rec.epoch, finished=d.finished, position=d.prefix,
         delivered_after=tuple(sorted(d.extra)), batches_yielded=d.yielded,
         base_seed=rec.base_seed, torch_rng=rec.torch_rng, generators=rec.generators,
@@ -58,7 +60,26 @@ def get_state(loader, records, options) -> dict:
                             for w, v in sorted(rec.streams.received.items())),
         last_worker=rec.streams.last_worker, workers=rec.workers,
         sampler_states=dict(rec.sampler_states),
-    ).to_dict()
+    )
+    if d.finished:
+        out = out.replace(**_next_epoch(loader, point))
+    return out.to_dict()
+
+
+def _next_epoch(loader, point) -> dict:
+    """Between epochs, without a loader generator: what the next epoch's base seed and
+    shuffle draw from (torch's global RNG now; a persistent iterator that goes on draws no new
+    base seed: its own). With a generator, ``generators_now`` says it all."""
+    if point.next_rng is not None:  # loaded, not iterated yet: the same again
+        return {"next_torch_rng": point.next_rng, "next_base_seed": point.next_seed}
+    if loader.generator is not None:
+        return {}
+    it = loader.__dict__.get("_iterator")
+    seed = None
+    if loader.persistent_workers and it is not None and getattr(it, "reusable", None) \
+            and it.reusable():
+        seed = it.base_seed
+    return {"next_torch_rng": _order.rng_bytes(torch.get_rng_state()), "next_base_seed": seed}
 
 
 def set_state(loader, records, sd) -> None:
@@ -87,10 +108,12 @@ def set_state(loader, records, sd) -> None:
     records.quarantined = set(state.quarantined)
     point.current = None
     point.carry, point.carry_workers = {}, None
+    point.next_rng, point.next_seed = None, None
     if state.finished:
         # The next iter() begins the next epoch, with the generators where the saved run had them.
         point.pending = None
         point.carry, point.carry_workers = dict(state.worker_states), state.workers
+        point.next_rng, point.next_seed = state.next_torch_rng, state.next_base_seed
         records.epoch = state.epoch
         _order.set_generators(loader, state.generators_now)
         _order.set_sampler_states(loader, state.sampler_states_now)

@@ -65,14 +65,42 @@ class Cursor:
         self.record: EpochPosition | None = None
         self._stream: SamplerStream | None = None
         self._sampler_states: dict | None = None  # taken by prepare_epoch
+        # A loaded finished state's next epoch (drawing_base_seed): the base seed it draws, the
+        # RNG its sampler's first draw replays under, whether num_workers=0's dataset has its
+        # state back already.
+        self._chosen_seed: int | None = None
+        self._replay_rng: bytes | None = None
+        self._main_restored = False
 
     # -- making the iterator ---------------------------------------------------------------------
     @contextlib.contextmanager
     def drawing_base_seed(self):
         """Around the base iterator's ``__init__``: when a resume is pending, the draw of the
         base seed leaves torch's global RNG as it was (the saved run drew it before the
-        checkpoint)."""
-        kept = torch.get_rng_state() if self._point.pending is not None else None
+        checkpoint). After a finished state was loaded (``ResumePoint.next_rng``: torch's
+        global RNG when it was taken), the epoch's draws are the saved run's: natural when
+        the RNG is as it was then (a dataset's restored state may have put it back:
+        ``num_workers=0``'s dataset is restored first, as the saved run's was before its next
+        ``iter()``), else made from the saved state, leaving the caller's RNG alone."""
+        point = self._point
+        loader = self._loader()
+        self._chosen_seed = self._replay_rng = None
+        kept = None
+        if point.pending is not None:
+            kept = torch.get_rng_state()
+        elif point.next_rng is not None:
+            self._restore_main_dataset(loader)
+            saved = _order.rng_tensor(point.next_rng)
+            if point.next_seed is not None or not torch.equal(torch.get_rng_state(), saved):
+                kept = torch.get_rng_state()
+                if point.next_seed is not None:  # persistent workers: no new base seed
+                    self._chosen_seed, self._replay_rng = point.next_seed, point.next_rng
+                else:
+                    g = torch.Generator()
+                    g.set_state(saved)
+                    self._chosen_seed = int(
+                        torch.empty((), dtype=torch.int64).random_(generator=g).item())
+                    self._replay_rng = _order.rng_bytes(g.get_state())
         try:
             yield
         finally:
@@ -80,9 +108,21 @@ class Cursor:
                 torch.set_rng_state(kept)
 
     def base_seed(self, drawn: int) -> int:
-        """The base seed workers start with: the saved epoch's when a resume is pending."""
+        """The base seed workers start with: the saved epoch's when a resume is pending (or
+        the one a loaded finished state's next epoch draws)."""
         pending = self._point.pending
-        return pending.base_seed if pending is not None else drawn
+        if pending is not None:
+            return pending.base_seed
+        return drawn if self._chosen_seed is None else self._chosen_seed
+
+    def _restore_main_dataset(self, loader) -> None:
+        """num_workers=0: a loaded finished state's dataset state, put back before the next
+        epoch draws anything (it may hold torch's global RNG, as the saved run's did)."""
+        carried = self._carried(loader, warn=False) if loader.num_workers == 0 else {}
+        mine = carried.get(0)
+        if mine and "dataset" in mine:
+            stream_state.restore_dataset(loader.dataset, {"dataset": mine["dataset"]})
+            self._main_restored = True
 
     def starting_stream_states(self) -> dict:
         """What workers started before the first epoch begins restore (a pending resume, or
@@ -161,13 +201,21 @@ class Cursor:
         self._sampler_states = None
         start = EpochStart(None, base_seed)
         carried = self._carried(loader) if pending is None else {}
+        if self._main_restored:  # (drawing_base_seed put it back)
+            carried = {w: rest for w, v in carried.items()
+                       if (rest := {k: x for k, x in v.items() if k != "dataset"})}
+        self._main_restored = False
         point.carry, point.carry_workers = {}, None
+        point.next_seed = point.next_rng = None
         previous = point.current
         if pending is not None:
             self._apply(pending, rec, start, loader)
         else:
             rec.generators = _order.capture_generators(loader)
             rec.sampler_epoch = _order.sampler_epoch(loader)
+            if self._replay_rng is not None:  # the sampler draws as the saved run's did
+                rec.torch_rng, rec.replay = self._replay_rng, True
+                self._replay_rng = None
             if carried:  # a loaded finished epoch: its workers' states go on
                 start.stream_states = carried
                 rec.streams.received = dict(carried)
@@ -315,7 +363,8 @@ class Cursor:
     def loaded(self) -> bool:
         """A loaded state waits for the next epoch (mid-epoch, or a finished one whose workers'
         states carry on): workers already running cannot take it, new ones must."""
-        return self._point.pending is not None or bool(self._point.carry)
+        p = self._point
+        return p.pending is not None or bool(p.carry) or p.next_rng is not None
 
     def pending(self) -> bool:
         """True when ``load_state_dict`` ran after this iterator began and no iterator has taken

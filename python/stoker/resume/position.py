@@ -129,9 +129,14 @@ class ResumePoint:
         # epoch that begins next starts from these, taken with `carry_workers` workers.
         self.carry: dict = {}
         self.carry_workers: int | None = None
+        # A loaded finished state: torch's global RNG when it was taken (the next epoch's base
+        # seed and shuffle draw from it) and a persistent iterator's base seed.
+        self.next_rng: bytes | None = None
+        self.next_seed: int | None = None
 
-    def __setstate__(self, d):  # a loader pickled before carry existed
-        self.__dict__.update({"carry": {}, "carry_workers": None, **d})
+    def __setstate__(self, d):  # a loader pickled before these existed
+        self.__dict__.update({"carry": {}, "carry_workers": None, "next_rng": None,
+                              "next_seed": None, **d})
 
 
 def point_of(records) -> ResumePoint:

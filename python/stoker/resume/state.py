@@ -12,7 +12,8 @@
   first draw), ``generators`` (the loader's generators as the epoch began), ``sampler_epoch``,
   ``order`` (an elastically resumed epoch's explicit global order);
 - ``generators_now``: the generators when the state was taken (the next epoch after a finished
-  one starts from them);
+  one starts from them); without a generator, ``next_torch_rng`` (torch's global RNG then) and
+  ``next_base_seed`` (a persistent iterator's, which its workers keep) do that;
 - ``seed``, ``skipped``, ``quarantined``, ``distributed`` (a DistributedSampler's rank and world);
 - the workers' states: ``worker_states`` ((worker, state) pairs: a dataset's or stream's own
   state, the worker's generators, whether its stream ended; ``engine/stream_state.py``),
@@ -53,8 +54,9 @@ from . import order
 VERSION = 3
 READS = (1, 2, 3)  # the versions this release loads
 # The fields that are buffers: bytes in a State, base64 text in a version-3 document.
-_BUFFER = ("torch_rng", "order")
+_BUFFER = ("torch_rng", "order", "next_torch_rng")
 _BUFFERS = ("generators", "generators_now")
+_SINCE_3 = ("workers", "next_torch_rng", "next_base_seed")  # (None in an older state)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class State:
     workers: int | None = None  # the num_workers worker_states were taken with
     sampler_states: dict = field(default_factory=dict)  # path -> state, as the epoch began
     sampler_states_now: dict = field(default_factory=dict)
+    # A state taken between epochs, without a loader generator: torch's global RNG then (the
+    # next epoch's base seed and shuffle draw from it) and a persistent iterator's base seed
+    # (its workers keep it).
+    next_torch_rng: bytes | None = None
+    next_base_seed: int | None = None
 
     # The fields that say where an epoch is (what a loaded state resumes, and a resumed one
     # reports until it is iterated); the rest describe the loader and its records.
@@ -112,12 +119,13 @@ class State:
         elif version >= 3:
             sd = _from_json_form(sd)
         if version < 3:
-            if "workers" in sd:  # a later state relabelled: its digest would not cover it
+            later = [k for k in _SINCE_3 if k in sd]
+            if later:  # a later state relabelled: its digest would not cover them
                 raise StateMismatchError(
-                    f"stoker: this state says version {version} but has workers, which "
-                    "only version 3 has: it was edited or made by another tool. Nothing was "
-                    "loaded.")
-            sd = {**sd, "workers": None}
+                    f"stoker: this state says version {version} but has {', '.join(later)}, "
+                    "which only version 3 has: it was edited or made by another tool. Nothing "
+                    "was loaded.")
+            sd = {**sd, **dict.fromkeys(_SINCE_3)}
         keys = cls.keys()
         missing = [k for k in keys if k not in sd]
         if missing:
@@ -186,7 +194,7 @@ def check_digest(sd: dict) -> None:
             "(a hex string). The checkpoint was edited, truncated or made by another tool: "
             "nothing was loaded.")
     try:
-        now = digest({k: sd[k] for k in State.keys() if k != "workers" or sd["version"] >= 3},
+        now = digest({k: sd[k] for k in State.keys() if k not in _SINCE_3 or sd["version"] >= 3},
                      str_keys=sd["version"] >= 3)
     except TypeError as e:
         raise StateMismatchError(f"stoker: this state holds something that is not plain data "

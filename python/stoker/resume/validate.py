@@ -102,6 +102,12 @@ def check_fields(st: State) -> None:
             "last_worker", st.last_worker, "None or a worker id")
     _expect(st.workers is None or (_int(st.workers) and st.workers >= 0), "workers",
             st.workers, "None or the num_workers the states were taken with")
+    _expect(st.next_torch_rng is None or (isinstance(st.next_torch_rng, bytes)
+                                          and len(st.next_torch_rng) == rng_bytes),
+            "next_torch_rng", st.next_torch_rng, f"None or torch's RNG state ({rng_bytes} bytes)")
+    _expect(st.next_base_seed is None or (_int(st.next_base_seed)
+                                          and _INT64[0] <= st.next_base_seed <= _INT64[1]),
+            "next_base_seed", st.next_base_seed, "None or an int64")
     for name in ("sampler_states", "sampler_states_now"):
         v = getattr(st, name)
         _expect(isinstance(v, dict) and all(isinstance(k, str) for k in v) and is_plain(v),
