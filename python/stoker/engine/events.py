@@ -73,11 +73,12 @@ class SamplesSkipped(Event):
 
 
 class StreamState(Event):
-    """A stateful IterableDataset's state in this worker after `task` (plain data)."""
+    """The worker's state after `task` (``stream_state.capture``: plain data, its generators
+    raw)."""
 
     __slots__ = ("state",)
 
-    def __init__(self, worker: int, task: int, state: bytes):
+    def __init__(self, worker: int, task: int, state: dict):
         super().__init__(worker, task)
         self.state = state
 

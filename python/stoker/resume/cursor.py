@@ -86,10 +86,11 @@ class Cursor:
         loader = self._loader()
         self._chosen_seed = self._replay_rng = None
         kept = None
+        if point.pending is None:
+            self._restore_main_dataset(loader)
         if point.pending is not None:
             kept = torch.get_rng_state()
         elif point.next_rng is not None:
-            self._restore_main_dataset(loader)
             saved = _order.rng_tensor(point.next_rng)
             if point.next_seed is not None or not torch.equal(torch.get_rng_state(), saved):
                 kept = torch.get_rng_state()
