@@ -79,13 +79,13 @@ def stateful(obj) -> bool:
 _PROTOCOL: dict = {}  # (state_dict, load_state_dict) functions -> whether they are the protocol
 
 
-def capture(dataset, iterator, position: int | None = None, rng: bool = False,
+def capture(dataset, iterator, position: int | None = None, rng=None,
             ended: bool = False) -> dict | None:
     """A worker's state after its last batch, as plain data (None when there is nothing to
     keep): the dataset's own state (``"dataset"``), its iterator's (``"iterator"``; ``"self"``
     when the dataset is its own iterator: restored after ``iter()``, as torchdata does), the
-    stream `position`, the global generators (``"rng"``, raw: ``rng_state.capture``; when
-    `rng`) and whether the stream `ended`. TypeError (naming the type) for a state that is not
+    stream `position`, the global generators (``"rng"``, raw, taken by the
+    ``rng_state.Tracker`` `rng`, when given) and whether the stream `ended`. TypeError (naming the type) for a state that is not
     plain data."""
     state: dict = {}
     if iterator is not None and iterator is dataset:
@@ -98,8 +98,8 @@ def capture(dataset, iterator, position: int | None = None, rng: bool = False,
         if iterator is not None and stateful(iterator):
             state["iterator"] = to_plain(iterator.state_dict(),
                                          "the state_dict() of the iterator its __iter__ returned")
-    if rng:
-        state["rng"] = rng_state.capture()
+    if rng is not None:
+        state["rng"] = rng.capture()
     if not state:
         return None
     if position is not None:

@@ -23,7 +23,7 @@ from typing import cast
 from .. import _indices, _info, _torch_compat
 from .._errors import SharedMemoryLimitError
 from ..config import seeding
-from . import collate, protocol, stream_state
+from . import collate, protocol, rng_state, stream_state
 from .endpoint import ChannelEndpoint, Endpoint
 from .fetch import ITERABLE, MAP, AllSkipped, Fetcher
 from .protocol import (
@@ -99,6 +99,7 @@ class WorkerLoop:
         self.ended = False  # an IterableDataset ran out: later tasks are ignored
         self.restored_ended = False  # resumed from a state taken after its stream ran out
         self._last_state = None  # the state sent last (an unchanged one is not sent again)
+        self._rng = rng_state.Tracker() if config.keeps_rng else None
 
     # -- start -----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -252,7 +253,7 @@ class WorkerLoop:
         iterable = c.kind == ITERABLE
         try:
             state = stream_state.capture(self.dataset, f.iterator if iterable else None,
-                                         f.stream_pos if iterable else None, c.keeps_rng,
+                                         f.stream_pos if iterable else None, self._rng,
                                          ended)
         except Exception as e:
             if quiet:
