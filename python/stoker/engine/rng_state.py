@@ -3,7 +3,7 @@
 
 A worker seeded by torch's rule draws augmentation from these generators; their state after a
 batch is what a resume (or a restarted worker) needs to draw what the uninterrupted run drew
-next. ``capture()`` takes them raw (the hot path: after every batch); ``plain()`` turns that
+next. A ``Tracker`` takes them raw (the hot path: after every batch); ``plain()`` turns that
 into a dict of str and numbers (buffers in base64) that survives ``json.dumps``,
 ``torch.save(weights_only=True)`` and the checkpoint's digest; ``restore()`` puts it back; ``problem()`` says what is wrong with a state read from a checkpoint (None when it can be
 restored), so a crafted one is refused before anything changes. A generator whose module was
@@ -32,13 +32,6 @@ def _b64(b: bytes) -> str:
 
 def _unb64(s: str) -> bytes:
     return base64.b64decode(s.encode("ascii"), validate=True)
-
-
-def capture() -> tuple:
-    """The process's global generators now, raw: buffers of bytes, cheap to pickle;
-    ``plain()`` makes it checkpoint data. (A worker takes them after every batch through a
-    ``Tracker``, which notices what did not change.)"""
-    return Tracker().capture()
 
 
 class Tracker:
@@ -92,7 +85,7 @@ class Tracker:
 
 
 def plain(raw: tuple) -> dict:
-    """What ``capture()`` took, as JSON-safe data (what a checkpoint holds)."""
+    """What ``Tracker.capture()`` took, as JSON-safe data (what a checkpoint holds)."""
     (version, words, gauss), np_state, torch_state = raw
     out: dict = {"random": {"version": version, "state": _b64(words), "gauss": gauss}}
     if np_state is not None:
@@ -151,5 +144,5 @@ def problem(state) -> str | None:
             if not isinstance(t, str) or (size is not None and len(_unb64(t)) != size):
                 return f"torch's CPU generator state ({size} bytes, base64)"
     except (TypeError, ValueError, KeyError, AttributeError, struct.error):
-        return "states as capture() writes them (base64 buffers)"
+        return "states as plain() writes them (base64 buffers)"
     return None
