@@ -46,7 +46,11 @@ def test_streaming_dataset_under_stoker_dataloader(shards):
     loader = stoker.DataLoader(ds, batch_size=8, num_workers=2)
     got = _ids(loader)
     assert sorted(got) == list(range(N))
-    assert loader.state_dict()["worker_states"] == ()  # not stoker's Stateful protocol
+    # Its state_dict(num_samples, from_beginning) is not the Stateful protocol: the workers'
+    # states carry their position and generators, never a "dataset" taken from it.
+    states = dict(loader.state_dict()["worker_states"])
+    assert sorted(states) == [0, 1]
+    assert all("dataset" not in s and s["ended"] for s in states.values())
     first = next(iter(loader))
     assert torch.equal(first["x"][:, 0], first["id"].float())
 
