@@ -54,6 +54,93 @@ def test_no_quota_the_affinity_and_a_tiny_quota_still_one(fake_tree):
     assert _cgroup.usable_cpus() == 1
 
 
+_LAUNCHERS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+              "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID")
+
+
+@pytest.fixture
+def ranks_tree(fake_tree, monkeypatch):
+    """The fake tree of a 16-CPU machine, with no launcher's variables."""
+    for name in _LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    write_file(str(fake_tree / "proc" / "self" / "cgroup"), "0::/job\n")
+    return fake_tree
+
+
+def test_cpu_lists_are_counted():
+    assert _cgroup.cpu_list_count("0-3,8,10-11\n") == 7
+    assert _cgroup.cpu_list_count("5") == 1
+    assert _cgroup.cpu_list_count("") is None
+    assert _cgroup.cpu_list_count("0-x") is None
+
+
+def test_the_launchers_say_how_many_ranks_share_this_machine(ranks_tree, monkeypatch):
+    assert _cgroup.local_ranks() == 1
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)")
+    assert _cgroup.local_ranks() == 1  # an allocation's batch script, not a step's task
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert _cgroup.local_ranks() == 4
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3(x2),1")
+    monkeypatch.setenv("SLURM_NODEID", "2")
+    assert _cgroup.local_ranks() == 1
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "6")
+    assert _cgroup.local_ranks() == 6
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun's comes first
+    assert _cgroup.local_ranks() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "zero")
+    assert _cgroup.local_ranks() == 6
+
+
+def test_a_rank_takes_its_share_of_the_machine(ranks_tree, monkeypatch):
+    cg = ranks_tree / "cg"
+    # alone: every CPU it may use (affinity 8)
+    assert _cgroup.rank_cpus() == _cgroup.usable_cpus() == 8
+    # 4 ranks sharing the machine's 16 CPUs, each allowed all 8 of its mask: 4 each
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _cgroup.node_cpus() == 16
+    assert _cgroup.rank_cpus() == 4
+    # a container's cpuset of 12 CPUs (an ancestor's, the job's own cgroup has none)
+    write_file(str(cg / "cpuset.cpus.effective"), "0-11\n")
+    assert _cgroup.node_cpus() == 12 and _cgroup.rank_cpus() == 3
+    # each rank bound to 2 cores of its own by its launcher: those 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5})
+    assert _cgroup.rank_cpus() == 2
+    # the ranks share the container's quota of 6 CPUs
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
+    write_file(str(cg / "job" / "cpu.max"), "600000 100000\n")
+    assert _cgroup.rank_cpus() == 2
+    # more ranks than CPUs: one worker each, not none
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert _cgroup.rank_cpus() == 1
+
+
+def test_four_ranks_under_auto_start_their_share_of_the_machine_between_them(tmp_path):
+    """Four real ranks of one job (LOCAL_WORLD_SIZE=4), each a loader with num_workers="auto":
+    between them they start no more workers than the machine has CPUs (one each at least),
+    where each used to start half the machine and climb to all of it."""
+    import json
+    import subprocess
+
+    from conftest import HERE, scenario_command
+
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHERS}
+    env.update(PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LOCAL_WORLD_SIZE="4", WORLD_SIZE="4")
+    procs = [subprocess.Popen(
+        scenario_command("autotune.a_rank_under_auto", str(tmp_path / f"rank{r}")), cwd=HERE,
+        env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE, text=True)
+        for r in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    reps = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(4)]
+    cpus = _cgroup.node_cpus()
+    assert all(r["started"] <= r["num_workers"] == r["rank_cpus"] for r in reps), reps
+    assert all(r["num_workers"] == max(1, min(r["usable_cpus"], cpus // 4)) for r in reps), reps
+    assert sum(r["started"] for r in reps) <= max(4, cpus), reps
+
+
 def test_auto_resolves_within_one_and_usable_cpus():
     class DS(torch.utils.data.Dataset):
         def __len__(self):
@@ -64,7 +151,7 @@ def test_auto_resolves_within_one_and_usable_cpus():
 
     dl = stoker.DataLoader(DS(), num_workers="auto")
     assert 1 <= dl.num_workers <= len(os.sched_getaffinity(0))
-    assert dl.num_workers == _cgroup.usable_cpus()
+    assert dl.num_workers == _cgroup.rank_cpus()
     assert dl.autotune is True
     assert stoker.DataLoader(DS(), num_workers=2).autotune is False
 

@@ -65,10 +65,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ray_address=None,
         device=None,
     ):
-        # num_workers="auto": torch checks for an int, so the bound (the usable CPUs) goes to
-        # torch and the iterator tunes how many of those workers take tasks (autotune/).
+        # num_workers="auto": torch checks for an int, so the bound (the CPUs this process may
+        # take: all it may use, or its share when several ranks of a job share this machine)
+        # goes to torch and the iterator tunes how many of those workers take tasks (autotune/).
         if isinstance(num_workers, str) and num_workers == "auto":
-            num_workers, autotune = _system.usable_cpus(), True
+            num_workers, autotune = _system.rank_cpus(), True
         # prefetch_factor="auto": torch gets where the depth starts (its own default), and the
         # iterator tunes it. With num_workers=0 there is nothing to tune (torch wants None).
         if isinstance(prefetch_factor, str) and prefetch_factor == "auto":

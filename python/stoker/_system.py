@@ -6,7 +6,8 @@ the cgroup tree.
   out-of-memory killer; dmesg is usually not readable in a container, so stoker compares OOM-kill
   counters read before and after the death: the memory cgroup's (v2 ``memory.events``, v1
   ``memory.oom_control``) and the kernel's (``/proc/vmstat``).
-- CPUs: the affinity mask capped by the cgroup's CPU quota.
+- CPUs: the affinity mask capped by the cgroup's CPU quota; how many ranks of a job share this
+  machine (their launcher's variables) and one rank's share of its CPUs.
 - A process: its state letter and its CPU seconds (``/proc/PID/stat``), its resident size
   (``/proc/PID/statm``).
 
@@ -164,6 +165,100 @@ def usable_cpus() -> int:
     if q is not None:
         n = min(n, max(1, math.ceil(q - 1e-9)))
     return max(1, n)
+
+
+def cpu_list_count(text: str | None) -> int | None:
+    """The CPUs in a kernel CPU list ("0-3,8,10-11"), None when it is empty or unreadable."""
+    n = 0
+    for part in (text or "").strip().split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        n += int(hi) - int(lo) + 1 if hi else 1
+    return n or None
+
+
+def node_cpus() -> int:
+    """The CPUs of this machine that this process's cgroup may be given (its effective cpuset:
+    a container's ``--cpuset-cpus``), else the online CPUs: what the ranks of a job on this
+    machine share."""
+    text = _read(f"{_PROC}/self/cgroup") or ""
+    for line in text.splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if hid == "0" and controllers == "":
+            p = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
+            while p.startswith(_V2_ROOT):
+                n = cpu_list_count(_read(os.path.join(p, "cpuset.cpus.effective")))
+                if n:
+                    return n
+                if p == _V2_ROOT:
+                    break
+                p = os.path.dirname(p)
+        elif "cpuset" in controllers.split(","):
+            d = os.path.join(_V2_ROOT, "cpuset", path.lstrip("/"))
+            n = cpu_list_count(_read(os.path.join(d, "cpuset.effective_cpus")))
+            if n:
+                return n
+    return os.cpu_count() or 1
+
+
+def _positive(name: str) -> int | None:
+    v = os.environ.get(name, "").strip()
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def _slurm_tasks_here() -> int | None:
+    """This node's task count in a Slurm step: ``SLURM_STEP_TASKS_PER_NODE`` ("2(x3),1": one
+    count per node of the step) at ``SLURM_NODEID``; only inside a step's task (``SLURM_LOCALID``
+    set), not in a batch script that merely runs in an allocation."""
+    if "SLURM_LOCALID" not in os.environ:
+        return None
+    counts = []
+    for part in os.environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        n, _, times = part.partition("(x")
+        if not n.isdigit() or (times and not times.rstrip(")").isdigit()):
+            return None
+        counts += [int(n)] * (int(times.rstrip(")")) if times else 1)
+    if not counts:
+        return None
+    if len(set(counts)) == 1:
+        return counts[0]
+    node = _positive("SLURM_NODEID") or 0
+    return counts[node] if node < len(counts) else None
+
+
+def local_ranks() -> int:
+    """How many processes of this job train on this machine, as their launcher says:
+    ``LOCAL_WORLD_SIZE`` (torchrun, and what runs under it: accelerate, Lightning, DeepSpeed),
+    Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``, MPICH's ``MPI_LOCALNRANKS``, a Slurm step's tasks
+    on this node; 1 when none says."""
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        n = _positive(name)
+        if n is not None:
+            return n
+    return _slurm_tasks_here() or 1
+
+
+def rank_cpus() -> int:
+    """The CPUs this process's loader may take (``num_workers="auto"``, the tuner's budget): all
+    of ``usable_cpus`` when it trains alone on this machine; with ``local_ranks`` R of them, its
+    share: the machine's CPUs (``node_cpus``) over R, within its own affinity (a launcher that
+    binds each rank to its cores, or a NUMA node to several ranks, gives each the same share),
+    and the cgroup's quota over R (the ranks of a container share it); at least 1. A job whose
+    ranks were all bound to one set smaller than the machine (``taskset`` around the launcher)
+    is not told apart from ranks bound one set each: num_workers=N says what it should be."""
+    ranks = local_ranks()
+    if ranks <= 1:
+        return usable_cpus()
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = os.cpu_count() or 1
+    share = min(mine, node_cpus() // ranks)
+    q = cpu_quota()
+    if q is not None:
+        share = min(share, math.ceil(q / ranks - 1e-9))
+    return max(1, share)
 
 
 def memory_headroom() -> tuple[int | None, int | None]:

@@ -46,3 +46,19 @@ def deaths_while_the_tuner_changes_its_mind(steps, depth):
     del loader
     gc.collect()
     print("OK")
+
+
+def a_rank_under_auto(out_path):
+    """One rank of a job (the test sets LOCAL_WORLD_SIZE): a loader with num_workers="auto"
+    runs an epoch; writes its bound and the worker processes it started."""
+    import json
+
+    from scenario_datasets import Slow
+
+    dl = stoker.DataLoader(Slow(64), batch_size=4, num_workers="auto")
+    pids = set()
+    for _ in dl:
+        pids.update(w["pid"] for w in dl.stats()["workers"] if w["pid"])
+    with open(out_path, "w") as f:
+        json.dump({"num_workers": dl.num_workers, "started": len(pids),
+                   "rank_cpus": _cgroup.rank_cpus(), "usable_cpus": _cgroup.usable_cpus()}, f)

@@ -79,7 +79,8 @@ class Controller:
         if tune_workers:
             board.set("active_workers", t.active)
         self._keep()
-        self.measure = Measure(stats, workers, _system.usable_cpus())
+        # the CPUs it judges "a core is free" against: this rank's share of the machine
+        self.measure = Measure(stats, workers, _system.rank_cpus())
 
     def _keep(self) -> None:
         snap = self.tuner.snapshot()
