@@ -66,6 +66,30 @@ def test_top_finds_a_running_loader_and_its_workers():
         proc.wait()
 
 
+def test_doctor_counts_the_workers_of_every_loader_on_this_machine():
+    from stoker import doctor
+
+    proc, pids = start_running_loader()  # 2 workers
+    try:
+        time.sleep(1.0)
+        seen = [e for e in doctor.loaders_on_this_machine() if e["pid"] == proc.pid]
+        assert seen == [{"pid": proc.pid, "workers": 2}]
+        out = subprocess.run([sys.executable, "-m", "stoker", "doctor", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+        assert "run " in checks["workers on this machine"]["detail"]
+    finally:
+        proc.kill()
+        proc.wait()
+    # eight ranks of 4 workers each on 16 CPUs: 40 processes want a core
+    ranks = [{"pid": 100 + r, "workers": 4} for r in range(8)]
+    c = doctor.workers_against_cpus(ranks, 16)
+    assert c["status"] == "warn" and "8 process(es)" in c["detail"] and "40 for 16" in c["detail"]
+    assert "LOCAL_WORLD_SIZE" in c["advice"]
+    assert doctor.workers_against_cpus(ranks[:2], 16)["status"] == "ok"
+    assert doctor.workers_against_cpus([], 16)["status"] == "ok"
+
+
 def test_prometheus_scrape_on_localhost():
     pytest.importorskip("prometheus_client")
     import stoker

@@ -75,31 +75,36 @@ def clean_stale_shm(shm_dir: str = SHM) -> tuple[int, int]:
 
 def usable_cpus() -> tuple[int, float | None]:
     """(CPUs in the affinity mask, the cgroup CPU quota in CPUs or None)."""
-    affinity = len(os.sched_getaffinity(0))
-    quota = None
-    try:
-        text = open("/proc/self/cgroup").read()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        hid, controllers, path = line.split(":", 2)
-        if hid == "0" and controllers == "":
-            try:
-                q, p = open(f"/sys/fs/cgroup/{path.lstrip('/')}/cpu.max").read().split()
-                if q != "max":
-                    quota = int(q) / int(p)
-            except (OSError, ValueError):
-                pass
-        if "cpu" in controllers.split(","):
-            try:
-                base = f"/sys/fs/cgroup/cpu/{path.lstrip('/')}"
-                q = int(open(f"{base}/cpu.cfs_quota_us").read())
-                p = int(open(f"{base}/cpu.cfs_period_us").read())
-                if q > 0:
-                    quota = q / p
-            except (OSError, ValueError):
-                pass
-    return affinity, quota
+    return len(os.sched_getaffinity(0)), _system.cpu_quota()
+
+
+def loaders_on_this_machine() -> list[dict]:
+    """The stoker loaders of this user running on this machine (``stoker top``'s view): per
+    main process, its pid and its live workers."""
+    from . import top
+
+    out: dict[int, dict] = {}
+    for loader in top.snapshot():
+        entry = out.setdefault(loader["pid"], {"pid": loader["pid"], "workers": set()})
+        entry["workers"].update(w["pid"] for w in loader["workers"] if w["pid"])
+    return [{"pid": e["pid"], "workers": len(e["workers"])} for e in out.values()]
+
+
+def workers_against_cpus(loaders: list[dict], cpus: int) -> dict:
+    """The check that the loaders' workers on this machine, with one core for each training
+    loop, fit its CPUs (ranks that each start a full set of workers do not)."""
+    workers = sum(e["workers"] for e in loaders)
+    need = workers + len(loaders)
+    detail = (f"{len(loaders)} process(es) with stoker loaders run {workers} workers on "
+              f"{cpus} CPUs")
+    if not loaders or need <= cpus:
+        return _check("workers on this machine", "ok", detail)
+    return _check(
+        "workers on this machine", "warn", detail + f": with a core for each training loop "
+        f"that is {need} for {cpus}",
+        "Workers fighting the training loops for cores slow training itself. Give each rank "
+        "its share: num_workers=\"auto\" takes CPUs / LOCAL_WORLD_SIZE per rank under torchrun "
+        "(or set num_workers to about that by hand).")
 
 
 def orphan_workers() -> list[dict]:
@@ -190,10 +195,14 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
     # CPUs
     affinity, quota = usable_cpus()
     cpus = min(affinity, quota) if quota else affinity
+    ranks = _system.local_ranks()
     checks.append(_check(
         "usable CPUs", "ok",
-        f"{affinity} in the affinity mask" + (f", cgroup quota {quota:.1f}" if quota else ""),
+        f"{affinity} in the affinity mask" + (f", cgroup quota {quota:.1f}" if quota else "")
+        + (f"; {ranks} ranks of this job on this machine, {_system.rank_cpus()} CPUs each"
+           if ranks > 1 else ""),
         ""))
+    checks.append(workers_against_cpus(loaders_on_this_machine(), _system.node_cpus()))
     # start method
     method = multiprocessing.get_start_method(allow_none=True) or \
         multiprocessing.get_context().get_start_method()
