@@ -28,6 +28,24 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
     assert "vs torch" in p.stdout and "of bound" in p.stdout
 
 
+def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
+    from stoker import _system
+
+    out = tmp_path / "ranks.json"
+    p = subprocess.run([sys.executable, "-m", "stoker", "bench", "--ranks", "2", "--rounds", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    auto = data["auto"]["local"]
+    assert len(auto["per_rank"]) == 2 and all(n >= 1 for n in auto["per_rank"])
+    # each rank's share of the machine, not all of it each
+    assert auto["started"] <= max(2, _system.node_cpus())
+    assert auto["pss_bytes"] > 0 and auto["first_batch_s"] > 0
+    skewed = data["skewed"]["local"]
+    assert skewed["epoch_s"] > 0 and skewed["workers_per_rank"] >= 1
+    assert "skewed lock-step" in p.stdout
+
+
 def test_the_bound_collates_into_buffers_it_keeps():
     import torch
 

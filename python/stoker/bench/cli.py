@@ -166,7 +166,22 @@ def main(argv=None) -> int:
                     help="ray: also run stoker with its workers as Ray actors ('stoker-ray')")
     ap.add_argument("--ray-address", metavar="ADDR",
                     help="the Ray cluster for --placement ray (as ray.init takes it)")
+    ap.add_argument("--ranks", type=int, metavar="R",
+                    help="only the multi-rank scenarios: R ranks of one job on this machine, "
+                         "each its own loader (num_workers=\"auto\"; a skewed lock-step epoch)")
     args = ap.parse_args(argv)
+    if args.ranks is not None:
+        if args.ranks < 1:
+            ap.error("--ranks takes a count of 1 or more")
+        if args.placement != "local":
+            ap.error("--ranks runs local workers only")
+        from . import ranks
+
+        result = ranks.main(args.ranks, rounds=args.rounds)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     if args.main_cost:
         from . import main_cost
 

@@ -1,0 +1,182 @@
+"""``stoker bench --ranks R``: what R ranks of one job on this machine cost, each with its own
+loader, as torchrun runs them (real processes with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a gloo group).
+
+Two scenarios, each run ``rounds`` times (the median counts):
+
+- **auto**: every rank's loader has ``num_workers="auto"`` over its ``DistributedSampler`` share
+  of a CPU-bound dataset (``Busy``: a fixed amount of arithmetic a sample). Reported: the worker
+  processes the ranks started between them (against the usable CPUs), their total PSS (ranks
+  and workers, read at the last batch), and the slowest rank's first batch.
+- **skewed lock-step**: ranks step together (a gloo barrier after every batch, as synchronous
+  training does) and the samples of rank 0's share cost three times the others' (by index:
+  ``DistributedSampler`` without shuffling gives rank r the indices ``i % R == r``); the same
+  total number of workers, ``max(R, usable CPUs)``, divided among the ranks. Reported: the time
+  of the epoch (the slowest rank's; every rank waits for it at each barrier).
+
+Each rank's loader has local workers (the default placement): the figures a loader shared by
+the ranks of a node must beat.
+
+A command: one thread in this process; each rank is a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SAMPLES = 256  # per rank, in the skewed scenario; the auto one has 128 a rank
+BATCH = 8
+WORK = 40_000  # rounds of arithmetic a sample (about 2 ms on an idle core)
+SKEW = 3  # rank 0's samples cost this many times the others'
+
+
+class Busy:
+    """A map-style dataset whose samples cost `work` rounds of arithmetic, `skew` times that
+    for the indices of rank 0's share (``i % ranks == 0``)."""
+
+    def __init__(self, n: int, work: int, ranks: int = 1, skew: int = 1):
+        self.n, self.work, self.ranks, self.skew = n, work, ranks, skew
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        rounds = self.work * (self.skew if i % self.ranks == 0 else 1)
+        x = 0
+        for k in range(rounds):
+            x += k * k
+        return torch.full((64,), float(i)), x & 0xFF
+
+
+def _pss(pids) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def rank_main(scenario: str, num_workers) -> dict:
+    """One rank (its variables set by ``run_ranks``): one epoch of its loader."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler
+
+    import stoker
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    skewed = scenario == "skewed"
+    n = (SAMPLES if skewed else SAMPLES // 2) * world
+    ds = Busy(n, WORK, world, SKEW if skewed else 1)
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
+    dl = stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=num_workers)
+    dist.barrier()
+    t0 = time.perf_counter()
+    it = iter(dl)
+    next(it)
+    first = time.perf_counter() - t0
+    pids: set = set()
+    for _ in it:
+        pids.update(w["pid"] for w in dl.stats()["workers"] if w["pid"])
+        if skewed:
+            dist.barrier()
+    pss = _pss([os.getpid(), *pids])
+    epoch = time.perf_counter() - t0
+    del it
+    dist.destroy_process_group()
+    return {"rank": rank, "num_workers": dl.num_workers, "started": len(pids),
+            "first_batch_s": first, "epoch_s": epoch, "pss_bytes": pss}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(ranks: int, scenario: str, num_workers, timeout: float = 300) -> list[dict]:
+    """Starts `ranks` ranks of one job on this machine and returns each one's result."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore")
+    code = (f"import json; from stoker.bench.ranks import rank_main; "
+            f"print('RESULT', json.dumps(rank_main({scenario!r}, {num_workers!r})))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(ranks)]
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            res = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
+                   if line.startswith("RESULT ")]
+            if p.returncode != 0 or not res:
+                raise RuntimeError(f"a rank failed ({p.returncode}): {stderr.strip()[-2000:]}")
+            out.append(res[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return sorted(out, key=lambda r: r["rank"])
+
+
+def _median_run(runs: list[list[dict]], key) -> list[dict]:
+    ordered = sorted(runs, key=key)
+    return ordered[len(ordered) // 2]
+
+
+def main(ranks: int = 4, rounds: int = 3, out=sys.stdout) -> dict:
+    from .._system import usable_cpus
+
+    cpus = usable_cpus()
+    result: dict = {"ranks": ranks, "usable_cpus": cpus, "auto": {}, "skewed": {}}
+    print(f"{ranks} ranks of one job on this machine ({cpus} usable CPUs), each its own "
+          f"loader; {rounds} rounds, the median", file=out)
+    print(f"auto: num_workers=\"auto\" on every rank, {SAMPLES // 2} samples a rank",
+          file=out)
+    print(f"{'placement':>10} {'workers':>8} {'of CPUs':>8} {'total PSS':>10} "
+          f"{'1st batch':>10}", file=out)
+    for placement in ("local",):
+        runs = [run_ranks(ranks, "auto", "auto") for _ in range(rounds)]
+        reps = _median_run(runs, lambda rs: sum(r["started"] for r in rs))
+        started = sum(r["started"] for r in reps)
+        pss = sum(r["pss_bytes"] for r in reps)
+        first = max(r["first_batch_s"] for r in reps)
+        result["auto"][placement] = {"started": started, "per_rank": [r["started"] for r in reps],
+                                     "pss_bytes": pss, "first_batch_s": first}
+        print(f"{placement:>10} {started:>8} {started / cpus:7.1f}x {pss / 2**20:8.0f} MB "
+              f"{1e3 * first:8.0f} ms", file=out)
+    total = max(ranks, cpus)
+    print(f"skewed lock-step: a barrier per batch, rank 0's samples cost {SKEW}x; {total} "
+          f"workers in all, {SAMPLES} samples a rank", file=out)
+    print(f"{'placement':>10} {'workers':>8} {'epoch':>9} {'rounds':>20}", file=out)
+    for placement in ("local",):
+        per_rank = max(1, total // ranks)
+        epochs = []
+        for _ in range(rounds):
+            reps = run_ranks(ranks, "skewed", per_rank)
+            epochs.append(max(r["epoch_s"] for r in reps))
+        median = statistics.median(epochs)
+        result["skewed"][placement] = {"workers_per_rank": per_rank, "epoch_s": median,
+                                       "rounds": epochs}
+        print(f"{placement:>10} {per_rank * ranks:>8} {median:8.2f}s "
+              f"{' '.join(f'{e:.2f}' for e in epochs):>20}", file=out)
+    return result
