@@ -46,6 +46,16 @@ def _keyed(text: str | None, key: str) -> int | None:
     return None
 
 
+def _up_to_root(d: str):
+    """A v2 cgroup directory and its ancestors up to the root, nearest first."""
+    p = d.rstrip("/")
+    while p and p.startswith(_V2_ROOT):
+        yield p
+        if p == _V2_ROOT:
+            break
+        p = os.path.dirname(p)
+
+
 def memory_cgroup_dir(pid: int | str = "self") -> tuple[str | None, int]:
     """(directory of the memory cgroup, version 1 or 2), or (None, 0)."""
     text = _read(f"{_PROC}/{pid}/cgroup") or ""
@@ -80,14 +90,10 @@ def memory_limit_and_usage() -> tuple[int | None, int | None]:
     d, version = memory_cgroup_dir()
     if version == 2:
         limit = None
-        p = d
-        while p and p.startswith(_V2_ROOT):
+        for p in _up_to_root(d):
             v = (_read(os.path.join(p, "memory.max")) or "").strip()
             if v.isdigit():
                 limit = int(v) if limit is None else min(limit, int(v))
-            if p == _V2_ROOT:
-                break
-            p = os.path.dirname(p)
         usage = (_read(os.path.join(d, "memory.current")) or "").strip()
         return limit, int(usage) if usage.isdigit() else None
     if version == 1:
@@ -135,14 +141,10 @@ def cpu_quota() -> float | None:
     for line in text.splitlines():
         hid, controllers, path = line.split(":", 2)
         if hid == "0" and controllers == "":
-            p = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
-            while p.startswith(_V2_ROOT):
+            for p in _up_to_root(os.path.join(_V2_ROOT, path.lstrip("/"))):
                 q = _cpu_quota(_read(os.path.join(p, "cpu.max")))
                 if q is not None:
                     quotas.append(q)
-                if p == _V2_ROOT:
-                    break
-                p = os.path.dirname(p)
         elif "cpu" in controllers.split(","):
             for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
                 d = os.path.join(_V2_ROOT, name, path.lstrip("/"))
@@ -186,14 +188,10 @@ def node_cpus() -> int:
     for line in text.splitlines():
         hid, controllers, path = line.split(":", 2)
         if hid == "0" and controllers == "":
-            p = os.path.join(_V2_ROOT, path.lstrip("/")).rstrip("/")
-            while p.startswith(_V2_ROOT):
+            for p in _up_to_root(os.path.join(_V2_ROOT, path.lstrip("/"))):
                 n = cpu_list_count(_read(os.path.join(p, "cpuset.cpus.effective")))
                 if n:
                     return n
-                if p == _V2_ROOT:
-                    break
-                p = os.path.dirname(p)
         elif "cpuset" in controllers.split(","):
             d = os.path.join(_V2_ROOT, "cpuset", path.lstrip("/"))
             n = cpu_list_count(_read(os.path.join(d, "cpuset.effective_cpus")))

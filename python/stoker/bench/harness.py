@@ -62,7 +62,8 @@ def _io_syscalls(pids) -> int:
     return total
 
 
-def _pss(proc) -> int:
+def total_pss(proc) -> int:
+    """PSS of `proc` and all its descendants, in bytes (what they cost the machine together)."""
     total = 0
     for p in [proc] + proc.children(recursive=True):
         try:
@@ -153,7 +154,7 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
                 pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
                 sys_mid = _io_syscalls(pids)
             if batches == expected:  # the last batch: every worker has touched what it will
-                pss = _pss(me)
+                pss = total_pss(me)
             measuring_s += time.perf_counter() - m0
             measuring_cpu += time.thread_time() - mc0
     elapsed = time.perf_counter() - t1 - measuring_s

@@ -7,7 +7,7 @@ Two scenarios, each run ``rounds`` times (the median counts):
 - **auto**: every rank's loader has ``num_workers="auto"`` over its ``DistributedSampler`` share
   of a CPU-bound dataset (``Busy``: a fixed amount of arithmetic a sample). Reported: the worker
   processes the ranks started between them (against the usable CPUs), their total PSS (ranks
-  and workers, read at the last batch), and the slowest rank's first batch.
+  and workers, read after the last batch), and the slowest rank's first batch.
 - **skewed lock-step**: ranks step together (a gloo barrier after every batch, as synchronous
   training does) and the samples of rank 0's share cost three times the others' (by index:
   ``DistributedSampler`` without shuffling gives rank r the indices ``i % R == r``); the same
@@ -56,27 +56,16 @@ class Busy:
         return torch.full((64,), float(i)), x & 0xFF
 
 
-def _pss(pids) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            pass
-    return total
-
-
 def rank_main(scenario: str, num_workers) -> dict:
     """One rank (its variables set by ``run_ranks``): one epoch of its loader."""
+    import psutil
     import torch
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
     import stoker
+
+    from .harness import total_pss
 
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -96,7 +85,7 @@ def rank_main(scenario: str, num_workers) -> dict:
         pids.update(w["pid"] for w in dl.stats()["workers"] if w["pid"])
         if skewed:
             dist.barrier()
-    pss = _pss([os.getpid(), *pids])
+    pss = total_pss(psutil.Process())  # this rank and its workers
     epoch = time.perf_counter() - t0
     del it
     dist.destroy_process_group()
