@@ -22,6 +22,7 @@ size_t RoundUpToPage(size_t n) {
 }
 
 Segment::~Segment() {
+  if (fd_ >= 0) close(fd_);
   if (data_ == nullptr) return;
   if (memory_ == Memory::kMapped) {
     munmap(data_, size_);

@@ -8,7 +8,8 @@
 // memfd memory does not live in /dev/shm, so the size of that mount (64 MB in Docker) does not
 // limit it; the memory cgroup does.
 //
-// Threads: a Segment is immutable after creation; data() and size() are safe for concurrent use.
+// Threads: a Segment is immutable once it is shared (AdoptFd comes before); data(), size() and
+// fd() are safe for concurrent use.
 // The bytes it maps have whatever contract their user gives them (slot.h, worker_status.h). The
 // mapping survives fork(); the Supervisor's fork handler drops the main process's slots.
 #pragma once
@@ -45,6 +46,12 @@ class Segment {
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // The memfd it maps, when it was given one to keep (AdoptFd); -1 otherwise. Closed with the
+  // Segment: a caller that passes it on (SCM_RIGHTS) sends it while holding the Segment.
+  int fd() const { return fd_; }
+  // Keeps `fd` (the memfd this Segment maps) open for as long as the Segment lives, and closes
+  // it then. REQUIRES: called once, before the Segment is shared with another thread.
+  void AdoptFd(int fd) { fd_ = fd; }
 
  private:
   enum class Memory { kMapped, kHeap, kBorrowed };
@@ -52,6 +59,7 @@ class Segment {
   uint8_t* data_;
   size_t size_;
   Memory memory_;
+  int fd_ = -1;
 };
 
 size_t PageSize();

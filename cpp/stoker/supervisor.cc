@@ -239,7 +239,11 @@ Status Supervisor::Absorb(int id, Worker& w, Message& m, bool* consumed, Supervi
         return Status::Error(Code::kCorrupt, "a slot announcement came without its memfd");
       std::unique_ptr<Segment> seg;
       Status st = Segment::Map(m.fd, &seg);
-      close(m.fd);
+      if (st.ok() && keep_slot_fds_) {
+        seg->AdoptFd(m.fd);  // closed with the Segment
+      } else {
+        close(m.fd);
+      }
       m.fd = -1;
       if (!st.ok()) return st;
       if (seg->size() < kSlotHeaderSize) return Status::Error(Code::kCorrupt, "slot too small");
@@ -406,11 +410,19 @@ Status Supervisor::Wait(int timeout_ms, SupervisorEvent* event) {
   }
 }
 
+void Supervisor::KeepSlotFds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep_slot_fds_ = true;
+}
+
 std::vector<int> Supervisor::OwnedFds() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (foreign()) return {};
   std::vector<int> fds{epfd_};
   for (const auto& kv : workers_) {
+    for (const auto& slot : kv.second.slots) {
+      if (slot.second->fd() >= 0) fds.push_back(slot.second->fd());
+    }
     if (kv.second.sock >= 0) fds.push_back(kv.second.sock);
     if (kv.second.pidfd >= 0) fds.push_back(kv.second.pidfd);
     for (int fd : kv.second.logs) {

@@ -94,6 +94,11 @@ class Supervisor {
   // Sends a signal through the worker's pidfd (never to a recycled pid).
   Status Signal(int worker, int signum);
 
+  // From now on the memfd of each slot a worker announces stays open with the slot's mapping
+  // (Segment::fd), so the caller can pass a batch's slot on to another process (the node pool
+  // does). Off by default: the main process of a local loader holds no descriptor per slot.
+  void KeepSlotFds();
+
   // Every descriptor this supervisor owns (empty in a forked child: they were closed there).
   std::vector<int> OwnedFds() const;
   int worker_count() const;
@@ -137,6 +142,7 @@ class Supervisor {
   int epfd_;  // -1 once abandoned in a forked child
   const pid_t owner_pid_;
   uint32_t next_serial_ = 0;
+  bool keep_slot_fds_ = false;
   std::map<int, Worker> workers_;
 };
 

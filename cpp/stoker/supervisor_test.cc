@@ -233,6 +233,40 @@ TEST_F(SupervisorTest, WorkerPublishesBatchThroughSlot) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
+// With KeepSlotFds the slot's memfd stays open with its mapping (the node pool passes it on):
+// another mapping of that descriptor sees the same batch; the descriptor is one the supervisor
+// owns (a forked child closes it), and it closes when the last holder of the slot lets go.
+TEST_F(SupervisorTest, KeptSlotFdMapsTheSameBatch) {
+  sup_->KeepSlotFds();
+  const pid_t pid = AddWorker(0, [](int sock) {
+    SlotPool pool(sock, 0);
+    SampleBatch batch(4, 7);
+    if (!batch.add_status.ok()) return 10;
+    if (!PublishBatch(pool, batch.enc, 7).ok()) return 11;
+    AwaitMessage(sock, MessageType::kStop);
+    return 0;
+  });
+  SupervisorEvent ev = Next();
+  ASSERT_EQ(ev.kind, Kind::kMessage);
+  ASSERT_EQ(ev.message.type(), MessageType::kBatch);
+  ASSERT_NE(ev.slot, nullptr);
+  const int fd = ev.slot->fd();
+  ASSERT_GE(fd, 0);
+  const std::vector<int> owned = sup_->OwnedFds();
+  EXPECT_NE(std::find(owned.begin(), owned.end(), fd), owned.end());
+  std::unique_ptr<Segment> again;
+  ASSERT_TRUE(Segment::Map(fd, &again).ok());
+  EXPECT_TRUE(HoldsSampleBatch(*again, 4, 7));
+
+  ASSERT_TRUE(sup_->Send(0, Header(MessageType::kStop), nullptr, 0).ok());
+  ev = Next();
+  ASSERT_EQ(ev.kind, Kind::kDied);
+  Reap(pid);
+  sup_->RemoveWorker(0);  // the last holder of the slot (the batch event's copy is gone)
+  EXPECT_EQ(fcntl(fd, F_GETFD), -1);
+  EXPECT_TRUE(HoldsSampleBatch(*again, 4, 7));  // a mapping outlives the descriptor
+}
+
 // A released slot is reused (same id, next generation); a free slot too small for the next
 // batch is replaced by a bigger one (retired, so the mapped count stays 1); when every slot is
 // lent a new one is added (mapped count 2).

@@ -33,7 +33,7 @@ from ._errors import (
 )
 from ._info import get_worker_info
 from ._shared_list import SharedList
-from .config.placement import Ray
+from .config.placement import Node, Ray
 
 __version__ = "0.2.0"
 
@@ -48,6 +48,7 @@ __all__ = [
     "CorruptBatchError",
     "DataLoader",
     "EngineError",
+    "Node",
     "Ray",
     "SharedList",
     "SharedMemoryLimitError",

@@ -27,6 +27,7 @@ class PySupervisor {
   void AddWorker(int id, int sock, int pid) { Check(sup_->AddWorker(id, sock, pid)); }
   void RemoveWorker(int id) { sup_->RemoveWorker(id); }
   bool HasWorker(int id) const { return sup_->HasWorker(id); }
+  void KeepSlotFds() { sup_->KeepSlotFds(); }
 
   void Send(int id, uint32_t type, uint64_t task, uint64_t a, nb::bytes payload) {
     MessageHeader h;
@@ -147,6 +148,8 @@ void register_supervisor(nb::module_& m) {
            nb::arg("pid"))
       .def("remove_worker", &PySupervisor::RemoveWorker, nb::arg("worker"))
       .def("has_worker", &PySupervisor::HasWorker, nb::arg("worker"))
+      .def("keep_slot_fds", &PySupervisor::KeepSlotFds,
+           "Keeps each slot's memfd open from now on (PendingBatch.fd), to pass it on.")
       .def("send", &PySupervisor::Send, nb::arg("worker"), nb::arg("type"), nb::arg("task"),
            nb::arg("a") = 0, nb::arg("payload") = nb::bytes(""))
       .def("wait", &PySupervisor::Wait, nb::arg("timeout").none() = nb::none())

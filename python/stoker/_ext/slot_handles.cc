@@ -123,7 +123,7 @@ nb::object DecodeInto(std::shared_ptr<Segment> segment, size_t offset, uint64_t 
   return BuildBatch(batch, lease, segment->size());
 }
 
-nb::object PendingBatch::Decode(std::shared_ptr<ReleaseGate> gate) {
+void PendingBatch::TakeSlot() {
   if (owner != getpid()) {
     RaiseStoker("EngineError", "this batch belongs to the loader of process " +
                                    std::to_string(owner) +
@@ -151,8 +151,21 @@ nb::object PendingBatch::Decode(std::shared_ptr<ReleaseGate> gate) {
                     ": its shared memory was overwritten. The batch was dropped; the main "
                     "process is unharmed.");
   }
+}
+
+nb::object PendingBatch::Decode(std::shared_ptr<ReleaseGate> gate) {
+  TakeSlot();
   return DecodeInto(segment, kSlotHeaderSize, nbytes, true, generation, nb::object(),
                     std::move(gate));
+}
+
+nb::object PendingBatch::Lend() {
+  TakeSlot();
+  auto* held = new SlotLease();
+  held->segment = segment;
+  held->shared = true;
+  held->generation = generation;
+  return nb::cast(held, nb::rv_policy::take_ownership);
 }
 
 void PendingBatch::Discard() {
@@ -196,6 +209,16 @@ void register_slot_handles(nb::module_& m) {
            "hand-back waits there when the last view dies.")
       .def("region", &PendingBatch::Region, "The slot's mapping (for pinning it once).")
       .def("discard", &PendingBatch::Discard, "Hands the slot back without building anything.")
+      .def("lend", &PendingBatch::Lend,
+           "Validates the slot and lends it without building anything: the slot stays the "
+           "batch's until the returned SlotLease is dropped (the node pool holds it while ranks "
+           "map the slot).")
+      .def_prop_ro(
+          "fd", [](const PendingBatch& p) { return p.segment ? p.segment->fd() : -1; },
+          "The slot's memfd while this is held (-1 unless its Supervisor keeps slot fds).")
+      .def_prop_ro_static(
+          "offset", [](nb::handle) { return kSlotHeaderSize; },
+          "Where a batch begins in its slot (after the slot's header).")
       .def_ro("worker", &PendingBatch::worker)
       .def_ro("nbytes", &PendingBatch::nbytes);
 }

@@ -99,8 +99,12 @@ struct PendingBatch {
   PendingBatch(const PendingBatch&) = delete;
   PendingBatch& operator=(const PendingBatch&) = delete;
   nb::object Decode(std::shared_ptr<ReleaseGate> gate);
+  nb::object Lend();  // the slot lent to a SlotLease, nothing decoded
   void Discard();
   MappedRegion Region() const { return MappedRegion{segment}; }
+
+ private:
+  void TakeSlot();  // validates the slot and moves it READY -> LENT (raises when it cannot)
 };
 
 // Decodes a batch in `segment` at `offset` (validated) and builds it with a new lease as owner.

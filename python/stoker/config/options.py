@@ -104,7 +104,8 @@ def _placement_ok(v):
     try:
         _placement.normalize(v)
     except (ValueError, TypeError):
-        return "must be None (local processes), 'local', 'ray' or stoker.Ray(...)"
+        return ("must be None (local processes), 'local', 'node', stoker.Node(...), 'ray' or "
+                "stoker.Ray(...)")
     return None
 
 
@@ -170,8 +171,8 @@ class Options:
         "prefetch_factor=\"auto\" sets it: the depth of each worker's queue is tuned")
     placement: object = _option(
         None, _placement_ok, _text_str,
-        "where workers run: None (local processes) or stoker.Ray(...) (actors on a Ray "
-        "cluster)")
+        "where workers run: None (local processes), stoker.Node(...) (one pool per machine for "
+        "every rank of the job) or stoker.Ray(...) (actors on a Ray cluster)")
     ray_address: str | None = _option(
         None, _str_or_none, _text_str,
         "the Ray cluster of placement=\"ray\" (as ray.init takes it)")
@@ -189,6 +190,11 @@ class Options:
         # one form for every way a placement is given ("ray", a dict from JSON, a Ray)
         object.__setattr__(self, "placement",
                            _placement.normalize(self.placement, self.ray_address))
+        if isinstance(self.placement, _placement.Node):
+            # a pool's workers serve every rank: a sample's values may not depend on which of
+            # them loaded it (docs/design/node.md), and the pool, not each rank, sizes them
+            object.__setattr__(self, "seed", "per_sample")
+            object.__setattr__(self, "autotune", False)
         if self.device is not None:  # one form: text ("cuda:1"), also for a torch.device
             object.__setattr__(self, "device", str(self.device))
 

@@ -1,8 +1,9 @@
-"""Where workers run, as an option: ``placement=None`` (local processes, the default) or
+"""Where workers run, as an option: ``placement=None`` (local processes, the default),
+``stoker.Node(...)`` (one pool of workers per machine serving every rank of a job) or
 ``stoker.Ray(...)`` (actors on a Ray cluster, some of them local processes).
 
-``Ray`` is a plain, frozen description: it imports nothing of Ray, pickles, and travels as JSON
-to the children of ``stoker run`` and ``enable()``. ``placements/`` makes workers from it.
+``Node`` and ``Ray`` are plain, frozen descriptions: they import nothing, pickle, and travel as
+JSON to the children of ``stoker run`` and ``enable()``. ``placements/`` makes workers from them.
 
 Immutable values: any thread.
 """
@@ -51,11 +52,43 @@ class Ray:
         return f"Ray actors on {where} ({self.cpus_per_worker:g} CPU each{local})"
 
 
+@dataclass(frozen=True)
+class Node:
+    """Every loader of this job on this machine served by one pool of `workers` worker processes
+    ("auto": the CPUs this job may use, less one for each rank's own loop). The job is
+    ``TORCHELASTIC_RUN_ID`` (torchrun), else ``MASTER_ADDR:MASTER_PORT``, else `name`; a pool
+    serves only processes of its own user. docs/design/node.md has the whole picture."""
+
+    workers: int | str = "auto"
+    name: str | None = None
+
+    def __post_init__(self):
+        w = self.workers
+        if w != "auto" and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"Node(workers=...) must be \"auto\" or an int >= 1, got {w!r}")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ValueError(f"Node(name=...) must be None or a non-empty str, got "
+                             f"{self.name!r}")
+
+    def to_dict(self) -> dict:
+        return {"kind": "node", **dataclasses.asdict(self)}
+
+    def describe(self) -> str:
+        return f"the node's worker pool ({self.workers} workers)"
+
+
 def normalize(value, address: str | None = None):
-    """A placement from what a user, a flag or JSON gives: None/"local" (local processes), a
-    ``Ray``, "ray" (a Ray at `address`), or ``Ray.to_dict()``'s form. ValueError otherwise."""
+    """A placement from what a user, a flag or JSON gives: None/"local" (local processes),
+    a ``Node`` or "node", a ``Ray``, "ray" (a Ray at `address`), or ``to_dict()``'s form.
+    ValueError otherwise."""
     if value is None or value == "local":
         return None
+    if isinstance(value, Node):
+        return value
+    if value == "node":
+        return Node()
+    if isinstance(value, dict) and value.get("kind") == "node":
+        return Node(**{k: v for k, v in value.items() if k != "kind"})
     if isinstance(value, Ray):
         return value if value.address or not address else dataclasses.replace(value,
                                                                              address=address)
@@ -64,5 +97,5 @@ def normalize(value, address: str | None = None):
     if isinstance(value, dict) and value.get("kind") == "ray":
         fields = {k: v for k, v in value.items() if k != "kind"}
         return Ray(**fields)
-    raise ValueError(f"placement must be None (local processes), 'local', 'ray' or "
-                     f"stoker.Ray(...), got {value!r}")
+    raise ValueError(f"placement must be None (local processes), 'local', 'node', "
+                     f"stoker.Node(...), 'ray' or stoker.Ray(...), got {value!r}")

@@ -93,6 +93,15 @@ def _share_logs(endpoint) -> None:
     sys.stderr = _TeeStderr(sys.stderr, tee)
 
 
+_for_another = False  # a worker started for another process than its parent (node pool)
+
+
+def started_for_another() -> bool:
+    """This process is a worker the node's pool started for a rank (its script's top level
+    may be running here, imported for the dataset's classes)."""
+    return _for_another
+
+
 def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
                 parent_pid: int, loader_token: int, sealed: Opened | None = None) -> None:
     """The process's target. `parent_pid`: the process whose exit ends this one (0: only the
@@ -112,6 +121,12 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
         # The crash log first: once the main process sees a status page, it may ask for a
         # stack (DUMP_SIGNAL), which faulthandler must be ready to answer.
         _share_logs(endpoint)
+        if config.prepare is not None:  # started for another process (the node pool)
+            import multiprocessing.spawn
+
+            global _for_another
+            _for_another = True
+            multiprocessing.spawn.prepare(config.prepare)
         if sealed is not None:
             # Before the status page: a dataset that cannot be unpickled here is a worker that
             # died while starting, with its traceback on stderr.

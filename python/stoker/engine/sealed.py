@@ -238,6 +238,18 @@ class Sealed:
         fdpass.track(*self._passed)
         self.nbytes = os.fstat(fd).st_size
 
+    @classmethod
+    def adopt(cls, fd: int, extra_fds: list[int]) -> Sealed:
+        """A Sealed over descriptors another process made (the node pool's, received from a
+        rank): `fd` is the sealed memfd, `extra_fds` those passed beside it; both now its."""
+        self = cls.__new__(cls)
+        self._memfd = [fd]
+        self._passed = list(extra_fds)
+        fdpass.track(fd, *self._passed)
+        self._finalizer = weakref.finalize(self, _close_all, self._memfd, self._passed)
+        self.nbytes = os.fstat(fd).st_size
+        return self
+
     @property
     def fd(self) -> int | None:
         return self._memfd[0] if self._memfd else None

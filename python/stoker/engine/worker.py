@@ -68,6 +68,10 @@ class WorkerConfig:
     # A resumed (or restarted) worker: worker id -> the state it restores (stream_state.py:
     # its dataset's and stream's own states, its generators).
     stream_states: dict = field(default_factory=dict)
+    # What multiprocessing's spawn tells a child of the process that made the dataset (its
+    # sys.path, working directory, main module), for a worker started by another process:
+    # the node pool's workers load a rank's dataset, whose classes may live in its script.
+    prepare: dict | None = None
 
     @property
     def keeps_rng(self) -> bool:

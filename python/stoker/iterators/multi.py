@@ -100,7 +100,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
                             "stoker.DataLoader" else f"{served_by} {cls}")
-        self.workers = workers_for(options.placement, context_for(loader), n, self._board.token)
+        self.workers = workers_for(options.placement, context_for(loader), n, self._board.token,
+                                   stream=self._kind == ITERABLE)
         self._watch = HangWatch(self.workers)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._recovery = Recovery(self._records, options, n, self._kind == MAP,
@@ -411,6 +412,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                         "active_workers": t.limit, "prefetch_factor": t.prefetch_factor}
         if self._tuner is not None:
             out["autotune"] = self._tuner.snapshot()
+        serving = self.workers.serving()
+        if serving is not None:
+            out["pool"] = serving
         return out
 
     # -- shutdown (any thread) -------------------------------------------------------------------

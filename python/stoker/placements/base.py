@@ -141,6 +141,11 @@ class Workers(abc.ABC):
         """What ``stats()`` says of where the worker runs, beyond its pid (Ray: the node)."""
         return {}
 
+    def serving(self) -> dict | None:
+        """What serves these workers beyond themselves, for ``stats()`` (the node's pool: its
+        pid, its workers and their pids, the ranks it serves); None for most placements."""
+        return None
+
     def config_changed(self, config) -> None:
         """The config a worker started now would get (a new epoch, a new memory share): for a
         placement that starts workers again by itself (Ray, once the cluster has room); others

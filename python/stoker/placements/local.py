@@ -69,16 +69,23 @@ def _other_threads() -> list[str]:
 
 
 class LocalProcesses(Workers):
-    def __init__(self, ctx, num_workers: int, loader_token: int):
+    def __init__(self, ctx, num_workers: int, loader_token: int, sealed: Sealed | None = None,
+                 keep_slot_fds: bool = False):
         """`ctx`: the multiprocessing context; `loader_token` names the workers' status pages
-        after the loader's board (``stoker top`` pairs them)."""
+        after the loader's board (``stoker top`` pairs them). `sealed` (spawn, forkserver):
+        what every worker starts from, made by the caller, who closes it (the node pool has
+        it from a rank); `keep_slot_fds`: each slot's memfd stays open (``PendingBatch.fd``)
+        so a batch can be passed on to another process."""
         self._ctx = ctx
         self.start_method = ctx.get_start_method()
         self.num_workers = num_workers
         self._token = loader_token
         self._lock = threading.RLock()
         self._sup = _stoker.Supervisor()
+        if keep_slot_fds:
+            self._sup.keep_slot_fds()
         fdpass.register_supervisor(self._sup)
+        self._given = sealed
         self._workers: dict[int, _Process] = {}  # worker id -> its process, until its end
         # The latest process of each worker id, live or ended, as torch's iterator keeps them
         # (a restart replaces it, so a long job with restarts holds no growing list).
@@ -113,6 +120,8 @@ class LocalProcesses(Workers):
         object (never for a new epoch of the same loader). None: they hold something that must
         be pickled for each worker (``sealed.PerWorker``); then each start pickles them, as plain
         spawn does."""
+        if self._given is not None:
+            return self._given
         key = (config.dataset, config.collate_fn, config.init_fn)
         with self._lock:
             if self._sealed is not None and all(a is b for a, b in zip(self._sealed[0], key)):

@@ -1,0 +1,353 @@
+"""One dataset's workers in the node's pool, shared by every rank's iterator that loads it.
+
+A ``Group`` is made for the first rank that asks with a given key (the hash of the dataset's,
+``collate_fn``'s and ``worker_init_fn``'s pickled bytes and of the options that change what a
+worker returns), from the sealed memfd that rank sent: every worker of the group maps it, so the
+node holds one copy of the dataset's pickle however many ranks use it. The workers are the local
+placement's own processes (``LocalProcesses`` under forkserver, the pool having threads), so
+they are started, watched and named exactly as a rank's own workers would be.
+
+Scheduling: each rank's iterator (a *client*) queues tasks; a worker that is free takes the next
+task of the client that has received the fewest batches (the rank furthest behind), one task per
+worker at a time, so a worker's death concerns the one task it was loading. Before a task, a
+worker is set to the task's base seed and epoch (a ``MSG_RESUME``), and seeds each sample from
+them (``seed="per_sample"``): a sample's values do not depend on which worker loaded it.
+
+Loaded once: a task identical to one queued, running or still held by a rank (same base seed,
+epoch and indices: the ranks of a tensor-parallel group) is not loaded again; the one batch is
+sent to every rank that asked, and its slot is freed when the last of them let go of it.
+
+Deaths: a worker that dies is started again at once; the ranks that asked for its task get a
+``died`` for the virtual worker they sent it to, with the death's names, and the pool forgets
+every other task of those virtual workers (the rank's own supervision re-issues them, exactly
+once, under its own policy). A worker that dies three times in a row before its first sample
+marks the group as broken: every task is then answered with that death.
+
+Thread contract: every method runs under the pool's lock (``Pool.lock``), except ``run``, the
+group's own thread, which waits on the workers without it and takes it for each event.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+
+from ...engine import events, protocol
+from ..local import LocalProcesses
+
+log = logging.getLogger("stoker")
+
+START_DEATHS_BROKEN = 3  # deaths in a row before a first sample that mark a group broken
+_ids = itertools.count(1)
+
+
+@dataclasses.dataclass
+class Asker:
+    """One rank's request for a task: its connection, virtual worker, that worker's
+    incarnation, and the task's number in that rank's iterator."""
+
+    cid: int
+    w: int
+    gen: int
+    task: int
+
+
+@dataclasses.dataclass
+class Task:
+    ident: tuple  # (base seed, epoch, index format, index bytes)
+    fmt: int
+    payload: bytes
+    askers: list
+    number: int = dataclasses.field(default_factory=lambda: next(_ids))
+    worker: int | None = None  # the pool worker loading it
+
+
+@dataclasses.dataclass
+class Held:
+    """A batch sent to ranks and not yet let go by all of them."""
+
+    pending: object  # the PendingBatch (keeps the slot's memfd open)
+    lease: object  # keeps the slot lent
+    ident: tuple
+    holders: collections.Counter
+
+
+class Group:
+    def __init__(self, pool, key: str, config, sealed, size: int):
+        self.pool = pool
+        self.key = key
+        self.size = size
+        self.config = config
+        self._sealed = sealed
+        self.workers = LocalProcesses(multiprocessing.get_context("forkserver"), size, 0,
+                                      sealed=sealed, keep_slot_fds=True)
+        self.clients: set[int] = set()
+        self.idle_since = time.monotonic()
+        self.broken: events.WorkerExited | None = None
+        self._queues: dict[int, collections.deque] = {}  # client -> its tasks not yet running
+        self._delivered: collections.Counter = collections.Counter()  # client -> batches
+        self._running: dict[int, Task | None] = {}  # pool worker -> the task it loads
+        self._seed: dict[int, tuple] = {}  # pool worker -> (base seed, epoch) it is set to
+        self._start_deaths: collections.Counter = collections.Counter()
+        self._by_ident: dict[tuple, Task] = {}  # queued or running
+        self._by_number: dict[int, Task] = {}  # running
+        self._held: dict[int, Held] = {}  # batch id -> what holds it
+        self._held_by_ident: dict[tuple, int] = {}
+        self._forgotten: dict[tuple, int] = {}  # (client, w) -> the incarnation that died
+        self.loads = 0  # tasks loaded (tests: a tensor-parallel pair loads each once)
+        self._closed = False
+        for w in range(size):
+            self._start(w)
+        self._thread = threading.Thread(target=self.run, name=f"stoker-node-group-{key[:8]}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- workers ---------------------------------------------------------------------------------
+    def _start(self, w: int) -> None:
+        self.workers.start(w, self.config)
+        self._running[w] = None
+        self._seed[w] = (self.config.seeder.base_seed, self.config.seeder.epoch)
+
+    def pids(self) -> list:
+        return [p.pid for p in self.workers.processes]
+
+    def run(self) -> None:
+        """The group's thread: each event of its workers, under the pool's lock."""
+        while True:
+            with self.pool.lock:
+                if self._closed:
+                    return
+            try:
+                ev = self.workers.wait(0.2)
+            except Exception:  # the workers were shut down under it
+                with self.pool.lock:
+                    if self._closed:
+                        return
+                raise
+            if ev is None:
+                continue
+            with self.pool.lock:
+                if self._closed:
+                    if isinstance(ev, events.BatchReady):
+                        ev.batch.discard()
+                    return
+                if isinstance(ev, events.WorkerExited):
+                    self._died(ev)
+                else:
+                    self._event(ev)
+                self.dispatch()
+
+    def _event(self, ev) -> None:
+        if isinstance(ev, events.EpochBegun):
+            return  # the seed set before a task (dispatch)
+        task = self._running.get(ev.worker)
+        if task is None or task.number != ev.task:
+            if isinstance(ev, events.BatchReady):
+                ev.batch.discard()
+            return
+        if events.is_outcome(ev):
+            self._running[ev.worker] = None
+            self._by_number.pop(task.number, None)
+            self._by_ident.pop(task.ident, None)
+            self._start_deaths.pop(ev.worker, None)
+            self.loads += 1
+        if isinstance(ev, events.BatchReady):
+            self._deliver(task, ev.batch)
+            return
+        for a in task.askers:
+            out = copy.copy(ev)
+            out.worker, out.task = a.w, a.task
+            self.pool.send(a.cid, ("ev", a.w, a.gen, out))
+            if events.is_outcome(ev):
+                self._delivered[a.cid] += 1
+
+    def _deliver(self, task: Task, pending) -> None:
+        if not task.askers:
+            pending.discard()
+            return
+        lease = pending.lend()
+        held = Held(pending, lease, task.ident, collections.Counter())
+        bid = next(_ids)
+        self._held[bid] = held
+        self._held_by_ident[task.ident] = bid
+        for a in task.askers:
+            self._send_batch(bid, held, a)
+        self._let_go_if_free(bid)
+
+    def _send_batch(self, bid: int, held: Held, a: Asker) -> None:
+        ok = self.pool.send(a.cid, ("batch", a.w, a.gen, a.task, bid, held.pending.offset,
+                                    held.pending.nbytes), [held.pending.fd])
+        if ok:
+            held.holders[a.cid] += 1
+            self._delivered[a.cid] += 1
+
+    def _let_go_if_free(self, bid: int) -> None:
+        held = self._held.get(bid)
+        if held is not None and not +held.holders:
+            del self._held[bid]
+            if self._held_by_ident.get(held.ident) == bid:
+                del self._held_by_ident[held.ident]
+            # the lease goes with it: the slot is free for its worker's next batch
+
+    def release(self, cid: int, bid: int) -> None:
+        held = self._held.get(bid)
+        if held is not None and held.holders[cid] > 0:
+            held.holders[cid] -= 1
+            self._let_go_if_free(bid)
+
+    def _died(self, ev: events.WorkerExited) -> None:
+        w = ev.worker
+        task = self._running.get(w)
+        self._running[w] = None
+        if not ev.started:
+            self._start_deaths[w] += 1
+        if task is not None:
+            self._by_number.pop(task.number, None)
+            self._by_ident.pop(task.ident, None)
+            for a in list(task.askers):
+                self._tell_death(a, ev)
+        if self._start_deaths[w] >= START_DEATHS_BROKEN and self.broken is None:
+            log.warning("stoker node pool: group %s is broken: %s", self.key[:8], ev.cause)
+            self.broken = ev
+            for q in self._queues.values():
+                for t in list(q):
+                    for a in list(t.askers):
+                        self._tell_death(a, ev)
+        if self.broken is None:
+            self._start(w)
+
+    def _tell_death(self, a: Asker, ev: events.WorkerExited) -> None:
+        """The rank's virtual worker `a.w` is told that a pool worker died on its task; the pool
+        forgets every other task of that incarnation (the rank re-issues them)."""
+        if self._forgotten.get((a.cid, a.w), -1) >= a.gen:
+            return
+        out = dataclasses.replace(ev, worker=a.w, task=a.task if ev.task is not None else None)
+        self.pool.send(a.cid, ("died", a.w, a.gen, out))
+        self.forget(a.cid, a.w, a.gen)
+
+    def forget(self, cid: int, w: int, gen: int) -> None:
+        """Drops every task of the rank's virtual worker `w` up to incarnation `gen`."""
+        self._forgotten[(cid, w)] = max(gen, self._forgotten.get((cid, w), -1))
+
+        def mine(a):
+            return a.cid == cid and a.w == w and a.gen <= gen
+
+        for t in list(self._by_ident.values()):
+            t.askers = [a for a in t.askers if not mine(a)]
+        q = self._queues.get(cid)
+        if q is not None:
+            kept = [t for t in q if t.askers]
+            q.clear()
+            q.extend(kept)
+            for t in list(self._by_ident.values()):
+                if not t.askers and t.worker is None:
+                    self._by_ident.pop(t.ident, None)
+
+    # -- clients ---------------------------------------------------------------------------------
+    def attach(self, cid: int) -> None:
+        self.clients.add(cid)
+        self._queues[cid] = collections.deque()
+
+    def detach(self, cid: int) -> None:
+        """The client's connection ended: its tasks are dropped, its batches let go."""
+        self.clients.discard(cid)
+        for t in list(self._by_ident.values()):
+            t.askers = [a for a in t.askers if a.cid != cid]
+            if not t.askers and t.worker is None:
+                self._by_ident.pop(t.ident, None)
+        self._queues.pop(cid, None)
+        self._delivered.pop(cid, None)
+        for bid, held in list(self._held.items()):
+            held.holders.pop(cid, None)
+            self._let_go_if_free(bid)
+        for key in [k for k in self._forgotten if k[0] == cid]:
+            del self._forgotten[key]
+        if not self.clients:
+            self.idle_since = time.monotonic()
+
+    def add_task(self, cid: int, w: int, gen: int, task: int, fmt: int, payload: bytes,
+                 base_seed: int, epoch: int) -> None:
+        if self._forgotten.get((cid, w), -1) >= gen:
+            return  # sent before the rank heard of its worker's death: it re-issues it
+        a = Asker(cid, w, gen, task)
+        if self.broken is not None:
+            self._tell_death(a, self.broken)
+            return
+        ident = (base_seed, epoch, fmt, payload)
+        bid = self._held_by_ident.get(ident)
+        if bid is not None:  # another rank of the group has it: the same slot
+            self._send_batch(bid, self._held[bid], a)
+            return
+        same = self._by_ident.get(ident)
+        if same is not None:
+            same.askers.append(a)
+            return
+        t = Task(ident, fmt, payload, [a])
+        self._by_ident[ident] = t
+        self._queues[cid].append(t)
+        self.dispatch()
+
+    def kill(self, cid: int, w: int, gen: int, hung) -> None:
+        """The rank's hang watch gave up on its virtual worker `w`: the pool worker loading
+        its task is killed (its death is named with `hung`)."""
+        for pw, t in self._running.items():
+            if t is not None and any(a.cid == cid and a.w == w and a.gen == gen
+                                     for a in t.askers):
+                if not hung.stack:
+                    hung = dataclasses.replace(hung, stack=self.workers.capture_stack(pw))
+                self.workers.kill(pw, hung)
+
+    def dispatch(self) -> None:
+        """Every free worker takes the next task of the rank furthest behind."""
+        for pw, running in self._running.items():
+            if running is not None or self.workers.view(pw) is None:
+                continue
+            task = self._next_task()
+            if task is None:
+                return
+            base_seed, epoch = task.ident[0], task.ident[1]
+            if self._seed.get(pw) != (base_seed, epoch):
+                self.workers.begin_epoch(pw, epoch, protocol.encode_resume(base_seed, None))
+                self._seed[pw] = (base_seed, epoch)
+            task.worker = pw
+            self._running[pw] = task
+            self._by_number[task.number] = task
+            if not self.workers.send_task(pw, task.number,
+                                          protocol.decode_index(task.fmt, task.payload)):
+                self._running[pw] = None  # its death is on its way; the task waits for another
+                task.worker = None
+                self._by_number.pop(task.number, None)
+                self._queues.setdefault(task.askers[0].cid, collections.deque()).appendleft(task)
+
+    def _next_task(self) -> Task | None:
+        order = sorted((self._delivered[c], c) for c, q in self._queues.items() if q)
+        for _, c in order:
+            q = self._queues[c]
+            while q:
+                t = q.popleft()
+                if t.askers:
+                    return t
+                self._by_ident.pop(t.ident, None)
+        return None
+
+    # -- reading ---------------------------------------------------------------------------------
+    def describe(self) -> dict:
+        return {"key": self.key[:12], "workers": self.size, "pids": self.pids(),
+                "clients": len(self.clients), "loads": self.loads,
+                "held": len(self._held), "broken": self.broken.cause if self.broken else None}
+
+    def close(self) -> None:
+        """Ends the workers (the pool's lock held; the thread sees it and returns)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._held.clear()
+        self._held_by_ident.clear()
+        self.workers.shutdown()
+        self._sealed.close()

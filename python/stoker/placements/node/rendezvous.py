@@ -1,0 +1,79 @@
+"""Finding the node's pool: which job this process belongs to, and a connection to the pool of
+that job and user, started here when there is none yet.
+
+The first rank that needs the pool starts it (``python -m stoker.placements.node.pool``, which
+detaches at once: it is nobody's child and outlives no one, docs/design/node.md); every rank
+then connects. Two ranks starting it at once is harmless: the name is bound by one pool only
+(the other sees ``EADDRINUSE`` and leaves), and both ranks connect to the one that bound it.
+
+Runs on the thread that starts an iterator's workers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from ..._errors import EngineError
+from . import wire
+
+CONNECT_TIMEOUT_S = 60.0  # a pool just started imports Python and binds within a second
+
+
+def job_name(spec) -> str:
+    """The job this process's ranks share: torchrun's run id, else the rendezvous address, else
+    the name given (``Node(name=...)``); without any, this process alone."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchelastic:{run_id}"
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return f"master:{addr}:{port}"
+    if spec.name:
+        return f"name:{spec.name}"
+    return f"process:{os.getpid()}"
+
+
+def _start_pool(job: str) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    # It detaches (forks and its first process exits): waiting here reaps that first process.
+    subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job], env=env,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   start_new_session=True, check=False, timeout=CONNECT_TIMEOUT_S)
+
+
+def connect(job: str):
+    """(socket, pool pid) of a connection to the pool of `job`, started when there is none.
+    ``wire.PeerRefused`` when the name is held by another user's process; EngineError when no
+    pool answers."""
+    addr = wire.address(job)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    started = False
+    while True:
+        sock = wire.new_socket()
+        try:
+            sock.connect(addr)
+        except (ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            if not started:
+                _start_pool(job)
+                started = True
+            if time.monotonic() > deadline:
+                raise EngineError(f"stoker: the node's worker pool for job {job!r} did not "
+                                  f"start within {CONNECT_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.02)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            pid = wire.check_peer(sock, "the process serving the node pool's name")
+        except BaseException:
+            sock.close()
+            raise
+        return sock, pid

@@ -1,0 +1,125 @@
+"""How a rank and the node's pool talk: one SOCK_SEQPACKET connection per rank's iterator on an
+abstract Unix socket named for the user and the job, messages of pickled plain tuples, and
+descriptors (a batch's slot, the dataset's sealed memfd) beside them as SCM_RIGHTS.
+
+- ``address(job)``: the socket's name, ``\\0stoker-node-<uid>-<hash of the job>``. An abstract
+  name has no file and no permissions: who may talk is decided by the peer's credentials, read
+  from the kernel (``SO_PEERCRED``) on both sides of every connection (``peer``): the pool
+  accepts only its own user, a rank talks only to a pool of its own user.
+- ``send`` / ``recv``: one message, its descriptors with it. A message larger than
+  ``INLINE_MAX`` (an error's long traceback, a dataset's state) travels in a memfd, so no
+  message ever meets the socket's size limit.
+
+Both ends are processes of the same user, which trust each other (docs/design/node.md states
+the threat model): a message is a pickle, as multiprocessing's own pipes are.
+
+Thread contract: ``send`` on one socket may be called from several threads only under the
+caller's lock (a message is one ``sendmsg``, but the caller keeps its order); ``recv`` by one
+thread per socket.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import os
+import pickle
+import socket
+import struct
+
+INLINE_MAX = 64 * 1024
+_RECV_MAX = INLINE_MAX + 64
+_MAX_FDS = 64
+_CRED = struct.Struct("3i")  # pid, uid, gid
+_INLINE, _IN_MEMFD = b"I", b"M"
+
+
+class PeerRefused(Exception):
+    """The other end is not a process of this user."""
+
+
+def address(job: str) -> bytes:
+    """The name of this user's pool for `job`."""
+    return address_for(os.getuid(), job)
+
+
+def address_for(uid: int, job: str) -> bytes:
+    digest = hashlib.sha256(job.encode("utf-8", "replace")).hexdigest()[:20]
+    return f"\0stoker-node-{uid}-{digest}".encode()
+
+
+def new_socket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+
+
+def peer(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, as the kernel saw it connect."""
+    return _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+
+
+def check_peer(sock: socket.socket, what: str) -> int:
+    """The peer's pid; PeerRefused when it runs as another user."""
+    pid, uid, _ = peer(sock)
+    if uid != os.getuid():
+        raise PeerRefused(f"{what} (pid {pid}) runs as uid {uid}, not as this process's uid "
+                          f"{os.getuid()}")
+    return pid
+
+
+def send(sock: socket.socket, message, fds=()) -> None:
+    """Sends `message` (picklable plain data) with `fds` (which stay the caller's)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    extra = None
+    if len(data) > INLINE_MAX:
+        extra = os.memfd_create("stoker-node-message", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            done = 0
+            while done < len(data):
+                done += os.pwrite(extra, view[done:], done)
+        except BaseException:
+            os.close(extra)
+            raise
+        head, fds = _IN_MEMFD + struct.pack("<Q", len(data)), [extra, *fds]
+    else:
+        head = _INLINE + data
+    try:
+        if fds:
+            sock.sendmsg([head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                   array.array("i", fds))])
+        else:
+            sock.sendall(head)
+    finally:
+        if extra is not None:
+            os.close(extra)
+
+
+def recv(sock: socket.socket):
+    """The next message and the descriptors that came with it (now the caller's), or None at
+    the end of the connection. OSError when the connection broke."""
+    data, fds, flags, _ = socket.recv_fds(sock, _RECV_MAX, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            os.close(fd)
+        raise OSError("stoker: a node-pool message was truncated")
+    if data[:1] == _IN_MEMFD:
+        (size,) = struct.unpack("<Q", data[1:9])
+        memfd, fds = fds[0], list(fds[1:])
+        try:
+            payload = os.pread(memfd, size, 0)
+        finally:
+            os.close(memfd)
+        return pickle.loads(payload), fds
+    return pickle.loads(data[1:]), list(fds)
+
+
+def close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -1,0 +1,21 @@
+"""Datasets the node-placement ranks load (importable by the pool's workers)."""
+
+import torch
+
+
+class Values(torch.utils.data.Dataset):
+    """Sample i: its index and a random draw (seeded per sample under node placement, so the
+    values say whether a sample was seeded as it would be with local workers). With `calls`,
+    each __getitem__ appends its index to that file (counts loads across processes)."""
+
+    def __init__(self, n=48, offset=0, calls=None):
+        self.n, self.offset, self.calls = n, offset, calls
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.calls:
+            with open(self.calls, "a") as f:
+                f.write(f"{i}\n")
+        return {"index": i + self.offset, "x": torch.rand(3) + i}

@@ -1,0 +1,75 @@
+"""One rank of a node-placement test: `rank.py SCENARIO REPORT [placement]`.
+
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the test
+(or torchrun). Writes REPORT.<rank>.json: per epoch the indices received and the values, and the
+pool this rank was served by.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch.utils.data import DistributedSampler
+
+import stoker
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node_datasets import Values  # noqa: E402
+
+
+def loader(ds, placement, replicas=None, rank=None, **kw):
+    world = int(os.environ["WORLD_SIZE"]) if replicas is None else replicas
+    r = int(os.environ["RANK"]) if rank is None else rank
+    sampler = DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True, seed=3)
+    kw.setdefault("num_workers", 2)
+    return stoker.DataLoader(ds, batch_size=4, sampler=sampler, placement=placement,
+                             seed="per_sample", **kw), sampler
+
+
+def main():
+    scenario, report = sys.argv[1], sys.argv[2]
+    placement = sys.argv[3] if len(sys.argv) > 3 else "node"
+    placement = None if placement == "local" else stoker.Node(workers=2)
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    out = {"rank": rank, "epochs": [], "pool": None}
+    calls = os.environ.get("CALLS")
+    ds = Values(calls=calls)
+    if scenario == "tp":  # a tensor-parallel pair: both ranks ask for the same batches
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        dl, sampler = loader(ds, placement, replicas=1, rank=0)
+    else:
+        dl, sampler = loader(ds, placement)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = []
+        for step, b in enumerate(dl):
+            got.append((b["index"].tolist(), b["x"].tolist()))
+            if step == 0 and out["pool"] is None:
+                out["pool"] = dl.stats().get("pool")
+            if scenario == "tp":
+                dist.barrier()
+            if epoch == 0 and step == 1:
+                if scenario == "kill_worker" and rank == 0:
+                    os.kill(out["pool"]["pids"][0], signal.SIGKILL)
+                elif scenario == "kill_pool" and rank == 0:
+                    os.kill(out["pool"]["pid"], signal.SIGKILL)
+                elif scenario == "kill_self" and rank == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif scenario == "hold":
+                    with open(f"{report}.{rank}.json", "w") as f:
+                        json.dump(out, f)
+                    time.sleep(600)
+        out["epochs"].append(got)
+    out["deaths"] = [d.get("cause") for d in dl.stats().get("deaths", [])]
+    with open(f"{report}.{rank}.json", "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

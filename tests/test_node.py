@@ -1,0 +1,268 @@
+"""One worker pool per node (``placement=stoker.Node()``), with real ranks: processes with
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun starts
+them (and once under torchrun itself). Each scenario runs in subprocesses with a hard time
+bound; the ranks' script is tests/node/rank.py.
+
+What is checked is what a user relies on: the batches are those of local workers with
+``seed="per_sample"``, bit for bit; the ranks share one set of workers; a pool worker's, a
+rank's or the pool's own death costs no sample and duplicates none; nothing is left once the
+ranks are gone; other jobs and other users get pools of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANK = os.path.join(HERE, "node", "rank.py")
+PYTHONPATH = os.pathsep.join([os.path.join(os.path.dirname(HERE), "python"),
+                              *filter(None, [os.environ.get("PYTHONPATH")])])
+N = 48  # samples in node_datasets.Values
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(rank: int, world: int, port: int, extra=None) -> dict:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONPATH=PYTHONPATH, OMP_NUM_THREADS="1", STOKER_NODE_LINGER_S="1")
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    env.update(extra or {})
+    return env
+
+
+def start_ranks(tmp_path, scenario, world=2, placement="node", port=None, extra=None,
+                name="report"):
+    port = port or _free_port()
+    rep = str(tmp_path / name)
+    procs = [subprocess.Popen([sys.executable, RANK, scenario, rep, placement],
+                              env=_env(r, world, port, extra), cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    return procs, rep
+
+
+def finish(procs, timeout=150):
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append((p.returncode, err))
+    return out
+
+
+def reports(rep, world=2):
+    return [json.load(open(f"{rep}.{r}.json")) for r in range(world)]
+
+
+def run_ranks(tmp_path, scenario, world=2, placement="node", **kw):
+    procs, rep = start_ranks(tmp_path, scenario, world, placement, **kw)
+    results = finish(procs)
+    for rc, err in results:
+        assert rc == 0, err[-3000:]
+    return reports(rep, world), results
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pids, within=20.0) -> list:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+def _indices(epoch) -> list:
+    return [i for idx, _ in epoch for i in idx]
+
+
+def _exactly_once(reps, world=2):
+    for e in range(2):
+        seen = sorted(i for r in reps for i in _indices(r["epochs"][e]))
+        assert seen == list(range(N)), f"epoch {e}: {seen}"
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    """The same ranks with local workers and seed="per_sample"."""
+    reps, _ = run_ranks(tmp_path_factory.mktemp("local"), "plain", placement="local")
+    return reps
+
+
+def test_same_batches_as_local_workers_one_pool_for_all_ranks(tmp_path, local_reference):
+    reps, _ = run_ranks(tmp_path, "plain")
+    for mine, ref in zip(reps, local_reference):
+        assert mine["epochs"] == ref["epochs"]  # indices and values, bit for bit
+    pools = [r["pool"] for r in reps]
+    assert pools[0]["pid"] == pools[1]["pid"]
+    assert pools[0]["pids"] == pools[1]["pids"] and len(pools[0]["pids"]) == 2
+    _exactly_once(reps)
+    assert _gone([pools[0]["pid"], *pools[0]["pids"]]) == []
+
+
+def test_pool_worker_killed_mid_epoch(tmp_path, local_reference):
+    reps, _ = run_ranks(tmp_path, "kill_worker")
+    _exactly_once(reps)
+    for mine, ref in zip(reps, local_reference):
+        assert mine["epochs"] == ref["epochs"]
+    assert any("SIGKILL" in (c or "") for r in reps for c in r["deaths"]), reps
+
+
+def test_pool_process_killed_mid_epoch(tmp_path, local_reference):
+    reps, _ = run_ranks(tmp_path, "kill_pool")
+    _exactly_once(reps)
+    for mine, ref in zip(reps, local_reference):
+        assert mine["epochs"] == ref["epochs"]
+    assert all(any("node's worker pool" in (c or "") for c in r["deaths"]) for r in reps)
+    assert reps[0]["pool"]["pid"] != reps[0].get("pool_after")
+
+
+def test_rank_killed_mid_epoch_the_other_finishes(tmp_path, local_reference):
+    procs, rep = start_ranks(tmp_path, "kill_self")
+    (rc0, err0), (rc1, _) = finish(procs)
+    assert rc1 == -signal.SIGKILL
+    assert rc0 == 0, err0[-3000:]
+    mine = json.load(open(f"{rep}.0.json"))
+    assert mine["epochs"] == local_reference[0]["epochs"]
+    assert _gone([mine["pool"]["pid"], *mine["pool"]["pids"]]) == []
+
+
+def test_every_rank_killed_leaves_nothing(tmp_path):
+    procs, rep = start_ranks(tmp_path, "hold")
+    deadline = time.monotonic() + 120
+    while not all(os.path.exists(f"{rep}.{r}.json") for r in range(2)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.communicate()[1][-2000:] for p in procs if p.poll() is not None]
+        time.sleep(0.1)
+    pool = reports(rep)[0]["pool"]
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    finish(procs)
+    assert _gone([pool["pid"], *pool["pids"]]) == []
+
+
+def test_two_jobs_get_two_pools(tmp_path):
+    a, rep_a = start_ranks(tmp_path, "plain", name="a")
+    b, rep_b = start_ranks(tmp_path, "plain", name="b")
+    for rc, err in finish(a) + finish(b):
+        assert rc == 0, err[-3000:]
+    pa, pb = reports(rep_a)[0]["pool"], reports(rep_b)[0]["pool"]
+    assert pa["pid"] != pb["pid"] and pa["job"] != pb["job"]
+
+
+def test_tensor_parallel_pair_loads_each_sample_once(tmp_path):
+    calls = tmp_path / "calls"
+    reps, _ = run_ranks(tmp_path, "tp", extra={"CALLS": str(calls)})
+    assert reps[0]["epochs"] == reps[1]["epochs"]  # the same batches on both ranks
+    loaded = [int(x) for x in calls.read_text().split()]
+    assert sorted(loaded) == sorted(list(range(N)) * 2)  # two epochs, each sample once
+
+
+def _as_nobody(fn) -> str:
+    """Runs `fn` in a forked child switched to uid/gid 65534 (no exec: this machine's Python may
+    not be readable by that user); returns what it returned, as text."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            text = str(fn())
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            text = f"error: {type(e).__name__}: {e}"
+        os.write(w, text.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    return text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_another_user_can_neither_join_nor_squat(tmp_path):
+    from stoker.placements.node import wire
+
+    procs, rep = start_ranks(tmp_path, "hold", world=1, name="root")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(f"{rep}.0.json"):
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.1)
+    pool = reports(rep, 1)[0]["pool"]
+    job = pool["job"]
+
+    def join():
+        sock = wire.new_socket()
+        sock.connect(wire.address_for(0, job))  # root's pool, by its name
+        sock.settimeout(10)
+        try:
+            wire.send(sock, ("hello", {}))
+            return "refused" if wire.recv(sock) is None else "answered"
+        except (ConnectionResetError, BrokenPipeError):  # closed by the pool at once
+            return "refused"
+
+    assert wire.address(job) != wire.address_for(65534, job)  # another user: another pool
+    assert _as_nobody(join) == "refused"
+    procs[0].kill()
+    finish(procs)
+    assert _gone([pool["pid"], *pool["pids"]]) == []
+
+    # A process of another user holding this user's name: the loader uses its own workers.
+    import warnings
+
+    import stoker
+    from node import node_datasets  # noqa: F401 (tests/ is on sys.path)
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.setgid(65534)
+        os.setuid(65534)
+        listener = wire.new_socket()  # an abstract name: any user may bind any
+        listener.bind(wire.address_for(0, "name:squatted"))
+        listener.listen(8)
+        os.write(w, b"x")
+        while True:
+            conn, _ = listener.accept()
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"x"
+        dl = stoker.DataLoader(node_datasets.Values(), batch_size=4, num_workers=2,
+                               placement=stoker.Node(name="squatted"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = sorted(i for b in dl for i in b["index"].tolist())
+        assert got == list(range(N))
+        assert any("another user's process" in str(c.message) for c in caught), caught
+        assert "pool" not in dl.stats()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
