@@ -1,20 +1,25 @@
 """Datasets the node-placement ranks load (importable by the pool's workers)."""
 
+import time
+
 import torch
 
 
 class Values(torch.utils.data.Dataset):
     """Sample i: its index and a random draw (seeded per sample under node placement, so the
     values say whether a sample was seeded as it would be with local workers). With `calls`,
-    each __getitem__ appends its index to that file (counts loads across processes)."""
+    each __getitem__ appends its index to that file (counts loads across processes); with
+    `slow_s`, each takes that long (the pool's workers are then always busy)."""
 
-    def __init__(self, n=48, offset=0, calls=None):
-        self.n, self.offset, self.calls = n, offset, calls
+    def __init__(self, n=48, offset=0, calls=None, slow_s=0.0):
+        self.n, self.offset, self.calls, self.slow_s = n, offset, calls, slow_s
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        if self.slow_s:
+            time.sleep(self.slow_s)
         if self.calls:
             with open(self.calls, "a") as f:
                 f.write(f"{i}\n")

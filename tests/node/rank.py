@@ -35,9 +35,9 @@ def main():
     placement = None if placement == "local" else stoker.Node(workers=2)
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
-    out = {"rank": rank, "epochs": [], "pool": None}
+    out = {"rank": rank, "epochs": [], "pool": None, "deaths": []}
     calls = os.environ.get("CALLS")
-    ds = Values(calls=calls)
+    ds = Values(calls=calls, slow_s=0.02 if scenario.startswith("kill") else 0.0)
     if scenario == "tp":  # a tensor-parallel pair: both ranks ask for the same batches
         import torch.distributed as dist
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .._errors import WorkerHung
 from ..engine import worker as _loop
-from ..placements.base import Hung
+from ..placements.base import STARTUP_GRACE_S, Hung
 
 log = logging.getLogger("stoker")
 
@@ -28,10 +28,6 @@ CHECK_EVERY_S = 0.1
 # A worker with work queued that has not started it for this long is named (stall notice,
 # stats(), one log line); with hang_timeout it is handled as a hang once that passes.
 NOT_TAKING_WORK_S = 5.0
-# hang_timeout bounds one sample, not a start-up: a worker that is still starting (importing
-# torch under spawn on a busy machine, a slow worker_init_fn) is only killed as stuck after this
-# long (unless the kernel says it is stopped).
-STARTUP_GRACE_S = 60.0
 BUSY = ("loading", "collating", "encoding")
 
 

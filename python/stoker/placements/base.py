@@ -24,6 +24,12 @@ import abc
 import os
 from dataclasses import dataclass
 
+# hang_timeout bounds one sample, not a start-up: a worker that is still starting (importing
+# torch under spawn on a busy machine, a slow worker_init_fn) is only killed as stuck after this
+# long (unless the kernel says it is stopped). The iterator's hang watch and the node pool both
+# hold to it.
+STARTUP_GRACE_S = 60.0
+
 
 @dataclass
 class Hung:

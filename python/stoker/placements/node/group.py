@@ -39,11 +39,15 @@ import threading
 import time
 
 from ...engine import events, protocol
+from ..base import STARTUP_GRACE_S, Hung
 from ..local import LocalProcesses
 
 log = logging.getLogger("stoker")
 
 START_DEATHS_BROKEN = 3  # deaths in a row before a first sample that mark a group broken
+# How long a batch no rank holds stays in its slot, in a group whose ranks ask for the same
+# batches, for the ranks that have not asked yet (at most two per worker stay).
+LINGER_BATCH_S = 2.0
 _ids = itertools.count(1)
 
 
@@ -66,6 +70,9 @@ class Task:
     askers: list
     number: int = dataclasses.field(default_factory=lambda: next(_ids))
     worker: int | None = None  # the pool worker loading it
+    began: bool = False  # the ranks heard that a started worker took it
+    sent_at: float = 0.0  # when it went to its worker
+    killed: bool = False  # its worker was killed for not finishing its start-up
 
 
 @dataclasses.dataclass
@@ -99,6 +106,8 @@ class Group:
         self._by_number: dict[int, Task] = {}  # running
         self._held: dict[int, Held] = {}  # batch id -> what holds it
         self._held_by_ident: dict[tuple, int] = {}
+        self._lingering: dict[int, float] = {}  # batch id -> until when it stays (no holder)
+        self.shared_seen = False  # two ranks asked for one batch: the group's ranks share
         self._forgotten: dict[tuple, int] = {}  # (client, w) -> the incarnation that died
         self.loads = 0  # tasks loaded (tests: a tensor-parallel pair loads each once)
         self._closed = False
@@ -130,8 +139,6 @@ class Group:
                     if self._closed:
                         return
                 raise
-            if ev is None:
-                continue
             with self.pool.lock:
                 if self._closed:
                     if isinstance(ev, events.BatchReady):
@@ -139,9 +146,14 @@ class Group:
                     return
                 if isinstance(ev, events.WorkerExited):
                     self._died(ev)
-                else:
+                elif ev is not None:
                     self._event(ev)
                 self.dispatch()
+                self._expire_lingering()
+                for t in self._running.values():  # workers that finished starting since
+                    if t is not None and not t.began:
+                        self._tell_began(t)
+                        self._stuck_starting(t)
 
     def _event(self, ev) -> None:
         if isinstance(ev, events.EpochBegun):
@@ -189,11 +201,31 @@ class Group:
 
     def _let_go_if_free(self, bid: int) -> None:
         held = self._held.get(bid)
-        if held is not None and not +held.holders:
-            del self._held[bid]
-            if self._held_by_ident.get(held.ident) == bid:
-                del self._held_by_ident[held.ident]
-            # the lease goes with it: the slot is free for its worker's next batch
+        if held is None or +held.holders:
+            return
+        if self.shared_seen and bid not in self._lingering:
+            # Ranks of this group ask for the same batches (a tensor-parallel group): the
+            # others may not have asked yet (a batch small enough to be copied out is let go
+            # at once), so it stays a moment before its slot goes back.
+            self._lingering[bid] = time.monotonic() + LINGER_BATCH_S
+            while len(self._lingering) > max(2, 2 * self.size):
+                self._forget_batch(next(iter(self._lingering)))
+            return
+        self._forget_batch(bid)
+
+    def _forget_batch(self, bid: int) -> None:
+        self._lingering.pop(bid, None)
+        held = self._held.pop(bid, None)
+        if held is not None and self._held_by_ident.get(held.ident) == bid:
+            del self._held_by_ident[held.ident]
+        # the lease goes with it: the slot is free for its worker's next batch
+
+    def _expire_lingering(self) -> None:
+        now = time.monotonic()
+        for bid, until in list(self._lingering.items()):
+            held = self._held.get(bid)
+            if until <= now and (held is None or not +held.holders):
+                self._forget_batch(bid)
 
     def release(self, cid: int, bid: int) -> None:
         held = self._held.get(bid)
@@ -282,10 +314,14 @@ class Group:
         ident = (base_seed, epoch, fmt, payload)
         bid = self._held_by_ident.get(ident)
         if bid is not None:  # another rank of the group has it: the same slot
+            self.shared_seen = True
+            self._lingering.pop(bid, None)
             self._send_batch(bid, self._held[bid], a)
+            self._let_go_if_free(bid)  # (when that send found the rank gone)
             return
         same = self._by_ident.get(ident)
         if same is not None:
+            self.shared_seen = self.shared_seen or any(x.cid != cid for x in same.askers)
             same.askers.append(a)
             return
         t = Task(ident, fmt, payload, [a])
@@ -299,9 +335,14 @@ class Group:
         for pw, t in self._running.items():
             if t is not None and any(a.cid == cid and a.w == w and a.gen == gen
                                      for a in t.askers):
-                if not hung.stack:
-                    hung = dataclasses.replace(hung, stack=self.workers.capture_stack(pw))
-                self.workers.kill(pw, hung)
+                v = self.workers.view(pw)
+                st = (v.status if v is not None else None) or {}
+                named = hung
+                if named.index is None and st.get("index") is not None:
+                    named = dataclasses.replace(named, index=st["index"])
+                if not named.stack:
+                    named = dataclasses.replace(named, stack=self.workers.capture_stack(pw))
+                self.workers.kill(pw, named)
 
     def dispatch(self) -> None:
         """Every free worker takes the next task of the rank furthest behind."""
@@ -316,14 +357,40 @@ class Group:
                 self.workers.begin_epoch(pw, epoch, protocol.encode_resume(base_seed, None))
                 self._seed[pw] = (base_seed, epoch)
             task.worker = pw
+            task.sent_at = time.monotonic()
             self._running[pw] = task
             self._by_number[task.number] = task
+            self._tell_began(task)
             if not self.workers.send_task(pw, task.number,
                                           protocol.decode_index(task.fmt, task.payload)):
                 self._running[pw] = None  # its death is on its way; the task waits for another
                 task.worker = None
                 self._by_number.pop(task.number, None)
                 self._queues.setdefault(task.askers[0].cid, collections.deque()).appendleft(task)
+
+    def _tell_began(self, task: Task) -> None:
+        """The ranks that asked for `task` hear when a worker past its start-up takes it: their
+        hang watch times a sample from then (a worker still importing is not hung)."""
+        v = self.workers.view(task.worker)
+        st = v.status if v is not None else None
+        if task.began or st is None or st.get("state") == "starting":
+            return
+        task.began = True
+        for a in task.askers:
+            self.pool.send(a.cid, ("began", a.w, a.gen, a.task))
+
+    def _stuck_starting(self, task: Task) -> None:
+        """A worker that has not finished starting (a deadlocked worker_init_fn, an import
+        that never returns) long after it was given a task is killed as a local iterator's
+        hang watch would: its death, named so, reaches the ranks that wait."""
+        waited = time.monotonic() - task.sent_at
+        if task.began or task.killed or waited <= STARTUP_GRACE_S:
+            return
+        task.killed = True
+        stuck = (f"pool worker {task.worker} has not finished starting {waited:.0f} s after it "
+                 "was given a task (a slow or deadlocked import or worker_init_fn)")
+        self.workers.kill(task.worker, Hung(None, waited, self.workers.capture_stack(
+            task.worker), stuck=stuck))
 
     def _next_task(self) -> Task | None:
         order = sorted((self._delivered[c], c) for c, q in self._queues.items() if q)
@@ -342,6 +409,10 @@ class Group:
                 "clients": len(self.clients), "loads": self.loads,
                 "held": len(self._held), "broken": self.broken.cause if self.broken else None}
 
+    def join(self) -> None:
+        """Waits for the group's thread, after ``close`` (without the pool's lock)."""
+        self._thread.join()
+
     def close(self) -> None:
         """Ends the workers (the pool's lock held; the thread sees it and returns)."""
         if self._closed:
@@ -349,5 +420,6 @@ class Group:
         self._closed = True
         self._held.clear()
         self._held_by_ident.clear()
+        self._lingering.clear()
         self.workers.shutdown()
         self._sealed.close()

@@ -89,21 +89,25 @@ class Pool:
     def _expire(self) -> bool:
         """Ends groups idle for LINGER_S; True when the pool itself should end."""
         now = time.monotonic()
+        ended = []
         with self.lock:
             for key, g in list(self._groups.items()):
                 if not g.clients and now - g.idle_since > LINGER_S:
-                    g.close()
-                    del self._groups[key]
+                    ended.append(self._groups.pop(key))
+            last = not self._clients and now - self._idle_since > LINGER_S
             if self._clients:
                 self._idle_since = now
-                return False
-            if now - self._idle_since <= LINGER_S:
-                return False
-            self._listener.close()  # no connection can arrive from here on
-            for g in self._groups.values():
+            if last:
+                self._listener.close()  # no connection can arrive from here on
+                ended += self._groups.values()
+                self._groups.clear()
+            for g in ended:
                 g.close()
-            self._groups.clear()
-            return True
+        for g in ended:
+            # (outside the lock, which the group's thread takes): no thread of ours may be in
+            # the engine's C++ when the interpreter exits
+            g.join()
+        return last
 
     # -- a connection's thread -------------------------------------------------------------------
     def _read(self, c: _Client) -> None:

@@ -48,7 +48,7 @@ import weakref
 
 from ... import _stoker, _system
 from ..._errors import EngineError
-from ...engine import events, protocol
+from ...engine import events, fdpass, protocol
 from ...engine import process as _process
 from ...engine.sealed import PerWorker, Sealed
 from ..base import Hung, Workers, WorkerView
@@ -64,6 +64,9 @@ class _Conn:
     def __init__(self, sock, pool_pid: int):
         self.sock = sock
         self.pool_pid = pool_pid
+        self._fd = sock.fileno()
+        fdpass.track(self._fd)  # a forked worker of another loader closes it: the pool sees
+        #                         this process's end, not a child's
         self.lock = threading.Lock()
         self.held: dict[int, int] = {}  # batch id -> bytes
         self.closing = False
@@ -95,6 +98,7 @@ class _Conn:
 
     def close(self) -> None:
         with self.lock:
+            fdpass.untrack(self._fd)
             try:
                 self.sock.close()
             except OSError:
@@ -161,6 +165,7 @@ class _Virtual:
     last_sent: float = 0.0
     last_done: float = 0.0
     sent: dict = dataclasses.field(default_factory=dict)  # task -> when it was sent
+    began: dict = dataclasses.field(default_factory=dict)  # task -> when a pool worker took it
     batches: int = 0
 
 
@@ -392,6 +397,11 @@ class NodeWorkers(Workers):
         wire.close_all(fds)
         if not current:
             return
+        if kind == "began":
+            with self._lock:
+                if message[3] in v.sent:
+                    v.began[message[3]] = time.monotonic()
+            return
         if kind == "died":
             ev = message[3]
             with self._lock:
@@ -407,6 +417,7 @@ class NodeWorkers(Workers):
     def _outcome(self, v: _Virtual, task: int, batches: int = 0) -> None:
         with self._lock:
             v.sent.pop(task, None)
+            v.began.pop(task, None)
             v.last_done = time.monotonic()
             v.batches += batches
 
@@ -432,11 +443,15 @@ class NodeWorkers(Workers):
             conn = self._conn
             if v is None or conn is None:
                 return None
+            # Busy while the pool holds a task of it; the time is that of the task a pool
+            # worker has been loading longest (one still queued behind other ranks' work is
+            # not late: the pool is busy), which is what hang_timeout measures.
             now = time.monotonic()
             busy = bool(v.sent)
-            since = max(min(v.sent.values()) if busy else v.last_done, v.last_done,
-                        v.started_at)
-            status = {"state": "loading" if busy else "idle", "state_seconds": now - since,
+            since = min(v.began.values()) if v.began else now
+            status = {"state": "loading" if busy else "idle",
+                      "state_seconds": now - since if busy else now - max(v.last_done,
+                                                                           v.started_at),
                       "index": None, "position": None,
                       "task": min(v.sent) if busy else None, "samples": None,
                       "batches": v.batches, "rss_bytes": None, "bytes_sent": None,
