@@ -33,7 +33,8 @@ def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
 
     out = tmp_path / "ranks.json"
     p = subprocess.run([sys.executable, "-m", "stoker", "bench", "--ranks", "2", "--rounds", "1",
-                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+                        "--placement", "node", "--json", str(out)], capture_output=True,
+                       text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     data = json.loads(out.read_text())
     auto = data["auto"]["local"]
@@ -44,6 +45,10 @@ def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
     skewed = data["skewed"]["local"]
     assert skewed["epoch_s"] > 0 and skewed["workers_per_rank"] >= 1
     assert "skewed lock-step" in p.stdout
+    # the node's pool: one set of workers for both ranks, within the usable CPUs
+    node = data["auto"]["node"]
+    assert 1 <= node["started"] <= _system.usable_cpus() and node["pss_bytes"] > 0
+    assert data["skewed"]["node"]["epoch_s"] > 0 and data["skewed"]["node_over_local"] > 0
 
 
 def test_the_bound_collates_into_buffers_it_keeps():

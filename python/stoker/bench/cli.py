@@ -162,8 +162,9 @@ def main(argv=None) -> int:
                     help="batches per run of the num_workers scenario (the prefetch one runs 1000)")
     ap.add_argument("--main-cost", action="store_true",
                     help="only the main process's own CPU per batch and per tensor")
-    ap.add_argument("--placement", choices=["local", "ray"], default="local",
-                    help="ray: also run stoker with its workers as Ray actors ('stoker-ray')")
+    ap.add_argument("--placement", choices=["local", "ray", "node"], default="local",
+                    help="ray: also run stoker with its workers as Ray actors ('stoker-ray'); "
+                         "node (with --ranks): also the ranks served by one pool for the node")
     ap.add_argument("--ray-address", metavar="ADDR",
                     help="the Ray cluster for --placement ray (as ray.init takes it)")
     ap.add_argument("--ranks", type=int, metavar="R",
@@ -173,11 +174,12 @@ def main(argv=None) -> int:
     if args.ranks is not None:
         if args.ranks < 1:
             ap.error("--ranks takes a count of 1 or more")
-        if args.placement != "local":
-            ap.error("--ranks runs local workers only")
+        if args.placement == "ray":
+            ap.error("--ranks runs local workers, and with --placement node the node's pool")
         from . import ranks
 
-        result = ranks.main(args.ranks, rounds=args.rounds)
+        placements = ("local", "node") if args.placement == "node" else ("local",)
+        result = ranks.main(args.ranks, rounds=args.rounds, placements=placements)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

@@ -7,15 +7,21 @@ Two scenarios, each run ``rounds`` times (the median counts):
 - **auto**: every rank's loader has ``num_workers="auto"`` over its ``DistributedSampler`` share
   of a CPU-bound dataset (``Busy``: a fixed amount of arithmetic a sample). Reported: the worker
   processes the ranks started between them (against the usable CPUs), their total PSS (ranks
-  and workers, read after the last batch), and the slowest rank's first batch.
+  and workers, read after the first epoch's last batch), and the slowest rank's first batch of
+  the first epoch (workers, and the pool, start) and of the second (``2nd epoch``: a new
+  iterator, its workers started again; the pool already runs).
 - **skewed lock-step**: ranks step together (a gloo barrier after every batch, as synchronous
   training does) and the samples of rank 0's share cost three times the others' (by index:
   ``DistributedSampler`` without shuffling gives rank r the indices ``i % R == r``); the same
   total number of workers, ``max(R, usable CPUs)``, divided among the ranks. Reported: the time
-  of the epoch (the slowest rank's; every rank waits for it at each barrier).
+  of the second epoch (the slowest rank's; every rank waits for it at each barrier).
 
-Each rank's loader has local workers (the default placement): the figures a loader shared by
-the ranks of a node must beat.
+``--placement node`` adds, in the same run, the ranks served by one pool for the node
+(``placement=stoker.Node()``): under "auto" the pool sizes itself (the usable CPUs less one per
+rank) and a rank's ``num_workers`` is how many of its batches may be in flight; in the skewed
+scenario the pool has the same total of workers, and each rank may have that many batches in
+flight, so every worker can help the rank that is behind. The pool's processes are counted once
+(its PSS read by rank 0, with its workers).
 
 A command: one thread in this process; each rank is a fresh interpreter.
 """
@@ -56,8 +62,10 @@ class Busy:
         return torch.full((64,), float(i)), x & 0xFF
 
 
-def rank_main(scenario: str, num_workers) -> dict:
-    """One rank (its variables set by ``run_ranks``): one epoch of its loader."""
+def rank_main(scenario: str, num_workers, placement: str = "local",
+              pool_workers=None) -> dict:
+    """One rank (its variables set by ``run_ranks``): one epoch of its loader; `placement`
+    "node": served by the node's pool of `pool_workers` ("auto" when None)."""
     import psutil
     import torch
     import torch.distributed as dist
@@ -74,23 +82,38 @@ def rank_main(scenario: str, num_workers) -> dict:
     n = (SAMPLES if skewed else SAMPLES // 2) * world
     ds = Busy(n, WORK, world, SKEW if skewed else 1)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
-    dl = stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=num_workers)
-    dist.barrier()
-    t0 = time.perf_counter()
-    it = iter(dl)
-    next(it)
-    first = time.perf_counter() - t0
+    where = stoker.Node(workers=pool_workers or "auto") if placement == "node" else None
+    dl = stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=num_workers,
+                           placement=where)
     pids: set = set()
-    for _ in it:
-        pids.update(w["pid"] for w in dl.stats()["workers"] if w["pid"])
-        if skewed:
-            dist.barrier()
-    pss = total_pss(psutil.Process())  # this rank and its workers
-    epoch = time.perf_counter() - t0
-    del it
+    pool = None
+    firsts, epochs = [], []
+    for epoch in range(2):  # the first pays for starting (workers; the pool), the second not
+        sampler.set_epoch(epoch)
+        dist.barrier()
+        t0 = time.perf_counter()
+        it = iter(dl)
+        next(it)
+        firsts.append(time.perf_counter() - t0)
+        for _ in it:
+            st = dl.stats()
+            pool = st.get("pool") or pool
+            if epoch == 0:  # (a new epoch's iterator starts local workers anew)
+                pids.update(pool["pids"] if pool else (w["pid"] for w in st["workers"]
+                                                       if w["pid"]))
+            if skewed:
+                dist.barrier()
+        epochs.append(time.perf_counter() - t0)
+        if epoch == 0:
+            pss = total_pss(psutil.Process())  # this rank and its workers
+            if pool and rank == 0:
+                pss += total_pss(psutil.Process(pool["pid"]))  # the pool and its workers, once
+        del it
     dist.destroy_process_group()
     return {"rank": rank, "num_workers": dl.num_workers, "started": len(pids),
-            "first_batch_s": first, "epoch_s": epoch, "pss_bytes": pss}
+            "pool_pids": sorted(pids) if pool else None, "first_batch_s": firsts[0],
+            "warm_first_batch_s": firsts[1], "epoch_s": epochs[1],
+            "first_epoch_s": epochs[0], "pss_bytes": pss}
 
 
 def _free_port() -> int:
@@ -99,13 +122,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(ranks: int, scenario: str, num_workers, timeout: float = 300) -> list[dict]:
+def run_ranks(ranks: int, scenario: str, num_workers, timeout: float = 300,
+              placement: str = "local", pool_workers=None) -> list[dict]:
     """Starts `ranks` ranks of one job on this machine and returns each one's result."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
     code = (f"import json; from stoker.bench.ranks import rank_main; "
-            f"print('RESULT', json.dumps(rank_main({scenario!r}, {num_workers!r})))")
+            f"print('RESULT', json.dumps(rank_main({scenario!r}, {num_workers!r}, "
+            f"{placement!r}, {pool_workers!r})))")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
@@ -132,7 +157,14 @@ def _median_run(runs: list[list[dict]], key) -> list[dict]:
     return ordered[len(ordered) // 2]
 
 
-def main(ranks: int = 4, rounds: int = 3, out=sys.stdout) -> dict:
+def _started(reps: list[dict]) -> int:
+    """Worker processes the ranks started between them (a pool's counted once)."""
+    if reps[0].get("pool_pids") is not None:
+        return len({p for r in reps for p in r["pool_pids"]})
+    return sum(r["started"] for r in reps)
+
+
+def main(ranks: int = 4, rounds: int = 3, out=sys.stdout, placements=("local",)) -> dict:
     from .._system import usable_cpus
 
     cpus = usable_cpus()
@@ -142,30 +174,40 @@ def main(ranks: int = 4, rounds: int = 3, out=sys.stdout) -> dict:
     print(f"auto: num_workers=\"auto\" on every rank, {SAMPLES // 2} samples a rank",
           file=out)
     print(f"{'placement':>10} {'workers':>8} {'of CPUs':>8} {'total PSS':>10} "
-          f"{'1st batch':>10}", file=out)
-    for placement in ("local",):
-        runs = [run_ranks(ranks, "auto", "auto") for _ in range(rounds)]
-        reps = _median_run(runs, lambda rs: sum(r["started"] for r in rs))
-        started = sum(r["started"] for r in reps)
+          f"{'1st batch':>10} {'2nd epoch':>10}", file=out)
+    for placement in placements:
+        runs = [run_ranks(ranks, "auto", "auto", placement=placement) for _ in range(rounds)]
+        reps = _median_run(runs, _started)
+        started = _started(reps)
         pss = sum(r["pss_bytes"] for r in reps)
         first = max(r["first_batch_s"] for r in reps)
+        warm = max(r["warm_first_batch_s"] for r in reps)
         result["auto"][placement] = {"started": started, "per_rank": [r["started"] for r in reps],
-                                     "pss_bytes": pss, "first_batch_s": first}
+                                     "pss_bytes": pss, "first_batch_s": first,
+                                     "warm_first_batch_s": warm}
         print(f"{placement:>10} {started:>8} {started / cpus:7.1f}x {pss / 2**20:8.0f} MB "
-              f"{1e3 * first:8.0f} ms", file=out)
+              f"{1e3 * first:8.0f} ms {1e3 * warm:8.0f} ms", file=out)
     total = max(ranks, cpus)
     print(f"skewed lock-step: a barrier per batch, rank 0's samples cost {SKEW}x; {total} "
           f"workers in all, {SAMPLES} samples a rank", file=out)
-    print(f"{'placement':>10} {'workers':>8} {'epoch':>9} {'rounds':>20}", file=out)
-    for placement in ("local",):
+    print(f"{'placement':>10} {'workers':>8} {'epoch':>9} {'rounds':>20}  (the second epoch: "
+          "the first also starts workers)", file=out)
+    for placement in placements:
+        node = placement == "node"
         per_rank = max(1, total // ranks)
         epochs = []
         for _ in range(rounds):
-            reps = run_ranks(ranks, "skewed", per_rank)
+            reps = run_ranks(ranks, "skewed", total if node else per_rank, placement=placement,
+                             pool_workers=per_rank * ranks if node else None)
             epochs.append(max(r["epoch_s"] for r in reps))
         median = statistics.median(epochs)
-        result["skewed"][placement] = {"workers_per_rank": per_rank, "epoch_s": median,
+        result["skewed"][placement] = {"workers": per_rank * ranks, "epoch_s": median,
+                                       "workers_per_rank": None if node else per_rank,
                                        "rounds": epochs}
         print(f"{placement:>10} {per_rank * ranks:>8} {median:8.2f}s "
               f"{' '.join(f'{e:.2f}' for e in epochs):>20}", file=out)
+    if "node" in placements and "local" in placements:
+        ratio = result["skewed"]["node"]["epoch_s"] / result["skewed"]["local"]["epoch_s"]
+        result["skewed"]["node_over_local"] = ratio
+        print(f"node / local epoch: {ratio:.2f}x", file=out)
     return result
