@@ -160,6 +160,13 @@ def test_every_rank_killed_leaves_nothing(tmp_path):
             [p.communicate()[1][-2000:] for p in procs if p.poll() is not None]
         time.sleep(0.1)
     pool = reports(rep)[0]["pool"]
+    # `stoker top` lists the pool once, with its workers (the ranks list none of their own)
+    top = subprocess.run([sys.executable, "-m", "stoker", "top", "--once", "--json"],
+                         env=dict(os.environ, PYTHONPATH=PYTHONPATH), capture_output=True,
+                         text=True, timeout=60)
+    shown = {ld["pid"]: ld for ld in json.loads(top.stdout)}
+    assert sorted(w["pid"] for w in shown[pool["pid"]]["workers"]) == sorted(pool["pids"])
+    assert all(not shown[p.pid]["workers"] for p in procs if p.pid in shown)
     for p in procs:
         p.send_signal(signal.SIGKILL)
     finish(procs)

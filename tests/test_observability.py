@@ -73,7 +73,7 @@ def test_doctor_counts_the_workers_of_every_loader_on_this_machine():
     try:
         time.sleep(1.0)
         seen = [e for e in doctor.loaders_on_this_machine() if e["pid"] == proc.pid]
-        assert seen == [{"pid": proc.pid, "workers": 2}]
+        assert seen == [{"pid": proc.pid, "workers": 2, "pool": False}]
         out = subprocess.run([sys.executable, "-m", "stoker", "doctor", "--json"],
                              capture_output=True, text=True, timeout=60)
         checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
@@ -88,6 +88,11 @@ def test_doctor_counts_the_workers_of_every_loader_on_this_machine():
     assert "LOCAL_WORLD_SIZE" in c["advice"]
     assert doctor.workers_against_cpus(ranks[:2], 16)["status"] == "ok"
     assert doctor.workers_against_cpus([], 16)["status"] == "ok"
+    # the node's pool: 8 ranks served by one pool of 8 workers need 16 cores, not 24
+    pooled = [{"pid": 100 + r, "workers": 0} for r in range(8)] + [
+        {"pid": 99, "workers": 8, "pool": True}]
+    c = doctor.workers_against_cpus(pooled, 16)
+    assert c["status"] == "ok" and "node's pool" in c["detail"], c
 
 
 def test_prometheus_scrape_on_localhost():

@@ -85,18 +85,25 @@ def loaders_on_this_machine() -> list[dict]:
 
     out: dict[int, dict] = {}
     for loader in top.snapshot():
-        entry = out.setdefault(loader["pid"], {"pid": loader["pid"], "workers": set()})
+        entry = out.setdefault(loader["pid"], {"pid": loader["pid"], "workers": set(),
+                                               "pool": False})
         entry["workers"].update(w["pid"] for w in loader["workers"] if w["pid"])
-    return [{"pid": e["pid"], "workers": len(e["workers"])} for e in out.values()]
+        # the node's pool: workers serving the ranks' loaders, but no training loop of its own
+        entry["pool"] = loader["served_by"].startswith("stoker node pool")
+    return [{"pid": e["pid"], "workers": len(e["workers"]), "pool": e["pool"]}
+            for e in out.values()]
 
 
 def workers_against_cpus(loaders: list[dict], cpus: int) -> dict:
     """The check that the loaders' workers on this machine, with one core for each training
     loop, fit its CPUs (ranks that each start a full set of workers do not)."""
     workers = sum(e["workers"] for e in loaders)
-    need = workers + len(loaders)
-    detail = (f"{len(loaders)} process(es) with stoker loaders run {workers} workers on "
+    loops = sum(1 for e in loaders if not e.get("pool"))
+    need = workers + loops
+    detail = (f"{loops} process(es) with stoker loaders run {workers} workers on "
               f"{cpus} CPUs")
+    if loops < len(loaders):
+        detail += " (with the node's pool)"
     if not loaders or need <= cpus:
         return _check("workers on this machine", "ok", detail)
     return _check(
@@ -122,8 +129,8 @@ def orphan_workers() -> list[dict]:
                 errors="replace")
         except (OSError, ValueError, IndexError):
             continue
-        if ppid != 1 or "python" not in cmd:
-            continue
+        if ppid != 1 or "python" not in cmd or "stoker.placements.node.pool" in cmd:
+            continue  # (the node's pool detaches on purpose and ends with its job)
         if "multiprocessing" in cmd or "stoker-" in _maps(pid):
             out.append({"pid": int(pid), "command": cmd.strip()[:120]})
     return out

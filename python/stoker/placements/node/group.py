@@ -39,6 +39,7 @@ import threading
 import time
 
 from ...engine import events, protocol
+from ...engine.board import Board
 from ..base import STARTUP_GRACE_S, Hung
 from ..local import LocalProcesses
 
@@ -92,8 +93,11 @@ class Group:
         self.size = size
         self.config = config
         self._sealed = sealed
-        self.workers = LocalProcesses(multiprocessing.get_context("forkserver"), size, 0,
-                                      sealed=sealed, keep_slot_fds=True)
+        # A board of its own: `stoker top` and `stoker doctor` see the pool and its workers
+        # (their status pages carry its token), counted once for every rank it serves.
+        self.board = Board(size, f"stoker node pool {pool.job}")
+        self.workers = LocalProcesses(multiprocessing.get_context("forkserver"), size,
+                                      self.board.token, sealed=sealed, keep_slot_fds=True)
         self.clients: set[int] = set()
         self.idle_since = time.monotonic()
         self.broken: events.WorkerExited | None = None
@@ -169,6 +173,7 @@ class Group:
             self._by_ident.pop(task.ident, None)
             self._start_deaths.pop(ev.worker, None)
             self.loads += 1
+            self.board.add("batches_yielded")
         if isinstance(ev, events.BatchReady):
             self._deliver(task, ev.batch)
             return
@@ -347,7 +352,7 @@ class Group:
     def dispatch(self) -> None:
         """Every free worker takes the next task of the rank furthest behind."""
         for pw, running in self._running.items():
-            if running is not None or self.workers.view(pw) is None:
+            if running is not None:
                 continue
             task = self._next_task()
             if task is None:
@@ -423,3 +428,4 @@ class Group:
         self._lingering.clear()
         self.workers.shutdown()
         self._sealed.close()
+        self.board.close()
