@@ -11,6 +11,7 @@ ranks are gone; other jobs and other users get pools of their own.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -386,3 +387,91 @@ def test_persistent_workers_two_epochs_same_as_local(monkeypatch):
 
     local, node = epochs(None), epochs(_node("persistent"))
     assert local == node and local[0] != local[1]
+
+
+def test_two_datasets_in_one_pool_never_mix(monkeypatch):
+    """Two loaders of one job over different datasets: one pool, a set of workers each, and
+    each loader gets only its own samples (with the values its own dataset makes)."""
+    import stoker
+    from node import node_datasets
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    node = _node("two")
+    a = stoker.DataLoader(node_datasets.Values(offset=0), batch_size=4, num_workers=2,
+                          placement=node)
+    b = stoker.DataLoader(node_datasets.Values(offset=1000), batch_size=4, num_workers=2,
+                          placement=node)
+    got_a, got_b, pools = [], [], []
+    for step, (x, y) in enumerate(zip(a, b)):
+        got_a += x["index"].tolist()
+        got_b += y["index"].tolist()
+        # a sample's values are rand() + its position in its own dataset
+        assert x["x"][:, 0].floor().long().tolist() == x["index"].tolist()
+        assert y["x"][:, 0].floor().long().tolist() == (y["index"] - 1000).tolist()
+        if step == 0:
+            pools = [a.stats()["pool"], b.stats()["pool"]]
+    assert got_a == list(range(N)) and got_b == [1000 + i for i in range(N)]
+    assert pools[0]["pid"] == pools[1]["pid"]  # one pool for the job
+    assert not set(pools[0]["pids"]) & set(pools[1]["pids"])  # workers of its own each
+
+
+def test_persistent_epoch_left_early_does_not_leak_into_the_next(monkeypatch):
+    """A loop that breaks out of an epoch (max steps) with tasks still in the pool: the next
+    epoch of the persistent loader gets its own batches only (task numbers start again at 0;
+    the old epoch's late outcomes must not pass for them)."""
+    import torch
+
+    import stoker
+    from scenario_datasets import Slow
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    torch.manual_seed(0)
+    dl = stoker.DataLoader(Slow(64), batch_size=4, shuffle=True, num_workers=2,
+                           persistent_workers=True, placement=_node("early"))
+    for _ in dl:
+        break
+    got = [int(y) for _, ys in dl for y in ys]
+    assert sorted(got) == list(range(64))
+
+
+def test_pool_killed_while_the_loop_computes(monkeypatch):
+    """The pool dies while the loop is busy with batches it has: the next task's send finds the
+    connection gone before any read does; the death is still named and every sample comes."""
+    import stoker
+    from scenario_datasets import Squares
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    dl = stoker.DataLoader(Squares(200), batch_size=4, num_workers=2, placement=_node("busy"))
+    it = iter(dl)
+    got = [int(y) for y in next(it)[1]]
+    time.sleep(1.0)  # everything prefetched
+    os.kill(dl.stats()["pool"]["pid"], signal.SIGKILL)
+    time.sleep(1.0)  # the loop's "GPU step"
+    got += [int(y) for _, ys in it for y in ys]
+    assert sorted(got) == list(range(200))
+    assert any("node's worker pool" in d["cause"] for d in dl.stats()["deaths"])
+
+
+def test_a_rank_leaving_hands_over_the_tasks_another_joined(monkeypatch):
+    """Two identical loaders (a tensor-parallel pair): the second joins the first's queued
+    tasks; the first ends at once; the second still gets every batch."""
+    import torch
+
+    import stoker
+    from scenario_datasets import Slow
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    node = stoker.Node(workers=1, name=f"leave-{os.getpid()}")
+
+    def make():
+        return stoker.DataLoader(Slow(32), batch_size=4, num_workers=2, placement=node)
+
+    first, second = make(), make()
+    torch.manual_seed(0)
+    it_a = iter(first)
+    torch.manual_seed(0)
+    it_b = iter(second)
+    time.sleep(0.05)
+    del it_a  # the first rank's iterator ends (a break, or its process died)
+    gc.collect()
+    assert sorted(int(y) for _, ys in it_b for y in ys) == list(range(32))

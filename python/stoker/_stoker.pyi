@@ -180,6 +180,21 @@ class PendingBatch:
     def discard(self) -> None:
         """Hands the slot back without building anything."""
 
+    def lend(self) -> object:
+        """
+        Validates the slot and lends it without building anything: the slot stays the batch's until the returned SlotLease is dropped (the node pool holds it while ranks map the slot).
+        """
+
+    @property
+    def fd(self) -> int:
+        """
+        The slot's memfd while this is held (-1 unless its Supervisor keeps slot fds).
+        """
+
+    @property
+    def offset(self) -> int:
+        """Where a batch begins in its slot (after the slot's header)."""
+
     @property
     def worker(self) -> int: ...
 
@@ -196,6 +211,11 @@ class Supervisor:
     def remove_worker(self, worker: int) -> None: ...
 
     def has_worker(self, worker: int) -> bool: ...
+
+    def keep_slot_fds(self) -> None:
+        """
+        Keeps each slot's memfd open from now on (PendingBatch.fd), to pass it on.
+        """
 
     def send(self, worker: int, type: int, task: int, a: int = 0, payload: bytes = ...) -> None: ...
 

@@ -216,8 +216,8 @@ void register_slot_handles(nb::module_& m) {
       .def_prop_ro(
           "fd", [](const PendingBatch& p) { return p.segment ? p.segment->fd() : -1; },
           "The slot's memfd while this is held (-1 unless its Supervisor keeps slot fds).")
-      .def_prop_ro_static(
-          "offset", [](nb::handle) { return kSlotHeaderSize; },
+      .def_prop_ro(
+          "offset", [](const PendingBatch&) { return kSlotHeaderSize; },
           "Where a batch begins in its slot (after the slot's header).")
       .def_ro("worker", &PendingBatch::worker)
       .def_ro("nbytes", &PendingBatch::nbytes);

@@ -35,10 +35,11 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 
-from ...engine import events, protocol
+from ...engine import deaths, events, protocol
 from ...engine.board import Board
 from ..base import STARTUP_GRACE_S, Hung
 from ..local import LocalProcesses
@@ -138,21 +139,28 @@ class Group:
                     return
             try:
                 ev = self.workers.wait(0.2)
-            except Exception:  # the workers were shut down under it
+            except Exception as e:
                 with self.pool.lock:
-                    if self._closed:
+                    if self._closed:  # the workers were shut down under it
                         return
-                raise
+                    log.exception("stoker node pool: group %s failed", self.key[:8])
+                    self._fail(e)
+                time.sleep(0.2)
+                continue
             with self.pool.lock:
                 if self._closed:
                     if isinstance(ev, events.BatchReady):
                         ev.batch.discard()
                     return
-                if isinstance(ev, events.WorkerExited):
-                    self._died(ev)
-                elif ev is not None:
-                    self._event(ev)
-                self.dispatch()
+                try:
+                    if isinstance(ev, events.WorkerExited):
+                        self._died(ev)
+                    elif ev is not None:
+                        self._event(ev)
+                    self.dispatch()
+                except Exception as e:  # never a silent stop: every rank waiting hears of it
+                    log.exception("stoker node pool: group %s failed", self.key[:8])
+                    self._fail(e)
                 self._expire_lingering()
                 for t in self._running.values():  # workers that finished starting since
                     if t is not None and not t.began:
@@ -246,18 +254,39 @@ class Group:
             self._start_deaths[w] += 1
         if task is not None:
             self._by_number.pop(task.number, None)
+            if not ev.started and task.askers and \
+                    self._start_deaths[w] < START_DEATHS_BROKEN:
+                # It died starting (the OOM killer choosing the newest process, say), before
+                # it loaded anything of the task: the task waits for another worker; the ranks
+                # hear only of a start-up that keeps failing (the group breaks, below).
+                task.worker, task.began, task.killed = None, False, False
+                self._queues.setdefault(task.askers[0].cid, collections.deque()).appendleft(
+                    task)
+                task = None
+        if task is not None:
             self._by_ident.pop(task.ident, None)
             for a in list(task.askers):
                 self._tell_death(a, ev)
         if self._start_deaths[w] >= START_DEATHS_BROKEN and self.broken is None:
             log.warning("stoker node pool: group %s is broken: %s", self.key[:8], ev.cause)
             self.broken = ev
-            for q in self._queues.values():
-                for t in list(q):
-                    for a in list(t.askers):
-                        self._tell_death(a, ev)
+            for t in list(self._by_ident.values()):
+                for a in list(t.askers):
+                    self._tell_death(a, ev)
         if self.broken is None:
             self._start(w)
+
+    def _fail(self, error: BaseException) -> None:
+        """The group cannot go on (its workers could not be started again, a slot was found
+        overwritten): it is broken, and every rank waiting on it is told, with the error."""
+        cause = (f"was lost with the node pool's workers for this dataset: "
+                 f"{type(error).__name__}: {protocol.safe_str(error)}")
+        ev = events.WorkerExited(-1, None, 0, None, cause, f"a worker {cause}", None, False,
+                                 False, True, False)
+        self.broken = self.broken or ev
+        for t in list(self._by_ident.values()):
+            for a in list(t.askers):
+                self._tell_death(a, self.broken)
 
     def _tell_death(self, a: Asker, ev: events.WorkerExited) -> None:
         """The rank's virtual worker `a.w` is told that a pool worker died on its task; the pool
@@ -298,7 +327,9 @@ class Group:
             t.askers = [a for a in t.askers if a.cid != cid]
             if not t.askers and t.worker is None:
                 self._by_ident.pop(t.ident, None)
-        self._queues.pop(cid, None)
+        for t in self._queues.pop(cid, ()):
+            if t.askers:  # another rank joined it: it waits in that rank's queue now
+                self._queues.setdefault(t.askers[0].cid, collections.deque()).append(t)
         self._delivered.pop(cid, None)
         for bid, held in list(self._held.items()):
             held.holders.pop(cid, None)
@@ -334,9 +365,12 @@ class Group:
         self._queues[cid].append(t)
         self.dispatch()
 
-    def kill(self, cid: int, w: int, gen: int, hung) -> None:
-        """The rank's hang watch gave up on its virtual worker `w`: the pool worker loading
-        its task is killed (its death is named with `hung`)."""
+    def kill_targets(self, cid: int, w: int, gen: int, hung) -> list:
+        """The rank's hang watch gave up on its virtual worker `w`: the pool workers loading
+        its tasks, to be killed by ``kill`` (without the pool's lock). When none is (its task
+        ended meanwhile, or no worker ever took it), the rank is told of the death at once, so
+        that it re-issues the work: a kill always ends in a death."""
+        out = []
         for pw, t in self._running.items():
             if t is not None and any(a.cid == cid and a.w == w and a.gen == gen
                                      for a in t.askers):
@@ -345,9 +379,20 @@ class Group:
                 named = hung
                 if named.index is None and st.get("index") is not None:
                     named = dataclasses.replace(named, index=st["index"])
-                if not named.stack:
-                    named = dataclasses.replace(named, stack=self.workers.capture_stack(pw))
-                self.workers.kill(pw, named)
+                out.append((pw, named))
+        if not out:
+            cause, explanation = deaths.describe_hang(hung.seconds, hung.stack,
+                                                      index=hung.index, stuck=hung.stuck)
+            self._tell_death(Asker(cid, w, gen, -1), events.WorkerExited(
+                w, None, signal.SIGKILL, None, cause, explanation, hung.index, False, True,
+                True, False))
+        return out
+
+    def kill(self, targets: list) -> None:
+        for pw, named in targets:
+            if not named.stack:
+                named = dataclasses.replace(named, stack=self.workers.capture_stack(pw))
+            self.workers.kill(pw, named)
 
     def dispatch(self) -> None:
         """Every free worker takes the next task of the rank furthest behind."""
@@ -414,18 +459,17 @@ class Group:
                 "clients": len(self.clients), "loads": self.loads,
                 "held": len(self._held), "broken": self.broken.cause if self.broken else None}
 
-    def join(self) -> None:
-        """Waits for the group's thread, after ``close`` (without the pool's lock)."""
-        self._thread.join()
-
     def close(self) -> None:
-        """Ends the workers (the pool's lock held; the thread sees it and returns)."""
-        if self._closed:
-            return
+        """Marks the group ended (the pool's lock held): its thread sees it and returns."""
         self._closed = True
         self._held.clear()
         self._held_by_ident.clear()
         self._lingering.clear()
+
+    def end(self) -> None:
+        """Ends the workers and waits for the thread, after ``close`` (without the pool's
+        lock: a worker may take a moment to be reaped)."""
         self.workers.shutdown()
+        self._thread.join()
         self._sealed.close()
         self.board.close()

@@ -24,6 +24,7 @@ for the write, so a message is never interleaved with another.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import select
@@ -43,13 +44,59 @@ LINGER_S = float(os.environ.get("STOKER_NODE_LINGER_S", "5"))
 
 
 class _Client:
+    """One connection. What goes to it waits in its outbox for its own writer thread: the pool
+    never writes to a socket under its lock (a rank that pauses reading, in a validation loop,
+    must not stall the others)."""
+
     def __init__(self, cid: int, sock: socket.socket, pid: int):
         self.cid = cid
         self.sock = sock
         self.pid = pid
         self.group: Group | None = None
         self.rank = None
-        self.send_lock = threading.Lock()
+        self.outbox: collections.deque = collections.deque()  # (message, its own fd copies)
+        self.ready = threading.Condition(threading.Lock())
+        self.closed = False
+
+    def put(self, message, fds) -> None:
+        copies = [os.dup(fd) for fd in fds]  # the writer sends and closes them
+        with self.ready:
+            if self.closed:
+                wire.close_all(copies)
+                return
+            self.outbox.append((message, copies))
+            self.ready.notify()
+
+    def write(self) -> None:
+        """The writer thread: sends the outbox in order until the connection is closed."""
+        while True:
+            with self.ready:
+                while not self.outbox and not self.closed:
+                    self.ready.wait()
+                if not self.outbox:
+                    self.sock.close()  # (its reader has ended: close() comes after it)
+                    return
+                message, fds = self.outbox.popleft()
+            try:
+                wire.send(self.sock, message, fds)
+            except OSError:
+                self.shut()  # its reader sees the end and cleans up
+            finally:
+                wire.close_all(fds)
+
+    def shut(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            left, self.outbox = list(self.outbox), collections.deque()
+            self.ready.notify()
+        for _, fds in left:
+            wire.close_all(fds)
 
 
 class Pool:
@@ -85,6 +132,8 @@ class Pool:
                 self._clients[c.cid] = c
             threading.Thread(target=self._read, args=(c,), name=f"stoker-node-client-{c.cid}",
                              daemon=True).start()
+            threading.Thread(target=c.write, name=f"stoker-node-writer-{c.cid}",
+                             daemon=True).start()
 
     def _expire(self) -> bool:
         """Ends groups idle for LINGER_S; True when the pool itself should end."""
@@ -92,7 +141,9 @@ class Pool:
         ended = []
         with self.lock:
             for key, g in list(self._groups.items()):
-                if not g.clients and now - g.idle_since > LINGER_S:
+                # (a broken group goes with its last client: a rank restarted by its launcher
+                # gets new workers, not that group's verdict)
+                if not g.clients and (now - g.idle_since > LINGER_S or g.broken is not None):
                     ended.append(self._groups.pop(key))
             last = not self._clients and now - self._idle_since > LINGER_S
             if self._clients:
@@ -104,9 +155,9 @@ class Pool:
             for g in ended:
                 g.close()
         for g in ended:
-            # (outside the lock, which the group's thread takes): no thread of ours may be in
-            # the engine's C++ when the interpreter exits
-            g.join()
+            # (outside the lock, which the group's thread takes): its workers end, and no
+            # thread of ours may be in the engine's C++ when the interpreter exits
+            g.end()
         return last
 
     # -- a connection's thread -------------------------------------------------------------------
@@ -133,10 +184,13 @@ class Pool:
                 message, fds = got
                 try:
                     self._handle(c, message, fds)
-                except Exception:
+                except Exception as e:
+                    # the rank lives and may hold batches: dropping it would free their slots
+                    # under its views; the message is dropped, the connection kept
                     log.exception("stoker node pool: a message from pid %d failed", c.pid)
                     wire.close_all(fds)
-                    return
+                    if message[0] == "hello":  # the rank waits for this answer: say why
+                        c.put(("error", f"{type(e).__name__}: {e}"), ())
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -159,7 +213,9 @@ class Pool:
             elif op == "forget":
                 g.forget(c.cid, message[1], message[2])
             elif op == "kill":
-                g.kill(c.cid, *message[1:])
+                targets = g.kill_targets(c.cid, *message[1:])
+        if op == "kill":
+            g.kill(targets)  # (a stack takes up to a second: not under the lock)
 
     def _hello(self, c: _Client, hello: dict, fds) -> None:
         from ...engine.sealed import Sealed
@@ -171,6 +227,7 @@ class Pool:
                 config = hello["config"]
                 config.num_workers = size
                 sealed = Sealed.adopt(fds[0], fds[1:])
+                fds.clear()  # the Sealed's now, whatever happens next
                 g = Group(self, hello["key"], config, sealed, size)
                 self._groups[hello["key"]] = g
             else:
@@ -187,26 +244,17 @@ class Pool:
             self._clients.pop(c.cid, None)
             if c.group is not None:
                 c.group.detach(c.cid)
-        try:
-            c.sock.close()
-        except OSError:
-            pass
+        c.close()
+        c.shut()
 
     # -- what groups call ------------------------------------------------------------------------
     def send(self, cid: int, message, fds=()) -> bool:
-        """Sends to client `cid`; False when it is gone (its end is handled by its thread)."""
+        """Queues a message for client `cid` (its writer sends it; `fds` are copied now);
+        False when it is gone (its end is handled by its reader)."""
         c = self._clients.get(cid)
         if c is None:
             return False
-        try:
-            with c.send_lock:
-                wire.send(c.sock, message, fds)
-        except OSError:
-            try:
-                c.sock.shutdown(socket.SHUT_RDWR)  # its thread sees the end and cleans up
-            except OSError:
-                pass
-            return False
+        c.put(message, fds)
         return True
 
 

@@ -2,7 +2,8 @@
 abstract Unix socket named for the user and the job, messages of pickled plain tuples, and
 descriptors (a batch's slot, the dataset's sealed memfd) beside them as SCM_RIGHTS.
 
-- ``address(job)``: the socket's name, ``\\0stoker-node-<uid>-<hash of the job>``. An abstract
+- ``address(job)``: the socket's name, ``\\0stoker-node-<uid>-<hash of the job and of the
+  mount namespace>``. An abstract
   name has no file and no permissions: who may talk is decided by the peer's credentials, read
   from the kernel (``SO_PEERCRED``) on both sides of every connection (``peer``): the pool
   accepts only its own user, a rank talks only to a pool of its own user.
@@ -44,7 +45,13 @@ def address(job: str) -> bytes:
 
 
 def address_for(uid: int, job: str) -> bytes:
-    digest = hashlib.sha256(job.encode("utf-8", "replace")).hexdigest()[:20]
+    """`uid`'s pool for `job`, in this mount namespace: containers that share the host's
+    network (and so its abstract sockets) but not its files get pools of their own."""
+    try:
+        mnt = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        mnt = 0
+    digest = hashlib.sha256(f"{mnt}:{job}".encode("utf-8", "replace")).hexdigest()[:20]
     return f"\0stoker-node-{uid}-{digest}".encode()
 
 

@@ -51,7 +51,7 @@ from ..._errors import EngineError
 from ...engine import events, fdpass, protocol
 from ...engine import process as _process
 from ...engine.sealed import PerWorker, Sealed
-from ..base import Hung, Workers, WorkerView
+from ..base import STARTUP_GRACE_S, Hung, Workers, WorkerView
 from . import rendezvous, wire
 
 _SLICE_S = 0.05  # waits return to Python this often (Ctrl+C)
@@ -67,8 +67,10 @@ class _Conn:
         self._fd = sock.fileno()
         fdpass.track(self._fd)  # a forked worker of another loader closes it: the pool sees
         #                         this process's end, not a child's
-        self.lock = threading.Lock()
-        self.held: dict[int, int] = {}  # batch id -> bytes
+        # re-entrant: a batch's release may run in a garbage collection inside a send
+        self.lock = threading.RLock()
+        self.held: collections.Counter = collections.Counter()  # batch id -> times received
+        self.bytes: dict[int, int] = {}  # batch id -> its bytes
         self.closing = False
         self.broken = False
 
@@ -87,7 +89,10 @@ class _Conn:
         """A batch is let go (any thread, also while the interpreter exits)."""
         try:
             with self.lock:
-                self.held.pop(bid, None)
+                self.held[bid] -= 1
+                if self.held[bid] <= 0:
+                    del self.held[bid]
+                    self.bytes.pop(bid, None)
                 if not self.broken and self.sock.fileno() >= 0:
                     wire.send(self.sock, ("release", bid))
                 last = self.closing and not self.held
@@ -186,6 +191,12 @@ def group_key(config, sealed: Sealed) -> tuple[str, bool]:
     return h.hexdigest(), uses_main
 
 
+def _readable(sock, timeout_s: float) -> bool:
+    p = select.poll()  # (select() fails for descriptors above 1023)
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(int(timeout_s * 1000)))
+
+
 def _preparation(uses_main: bool) -> dict:
     """What spawn would tell a child of this process (its sys.path, directory, start method),
     less its secret (the pool's workers are not this process's children) and, unless the
@@ -256,9 +267,14 @@ class NodeWorkers(Workers):
             got = wire.recv(conn.sock)
         finally:
             conn.sock.settimeout(None)
+        if got is not None and got[0][0] == "error":
+            raise EngineError(f"stoker: the node's worker pool could not take this loader's "
+                              f"dataset: {got[0][1]}")
         if got is None or got[0][0] != "ready":
             raise ConnectionError("the node pool ended before it answered")
         self._info = got[0][1]
+        # (the pid the kernel gave for the socket is the pool's first process, which detached)
+        conn.pool_pid = self._info.get("pid", conn.pool_pid)
         self._joined = True
 
     # -- life ------------------------------------------------------------------------------------
@@ -270,11 +286,16 @@ class NodeWorkers(Workers):
             self._seed = (config.seeder.base_seed, config.seeder.epoch)
         for attempt in range(3):
             try:
-                if self._conn is None or self._conn.broken:
+                if self._conn is not None and self._conn.broken:
+                    self._drop_conn()
+                if self._conn is None:
                     self._connect()
                 if not self._joined:
                     self._join(config)
                 break
+            except wire.PeerRefused as e:
+                raise EngineError(f"stoker: the node pool's name is now held by another "
+                                  f"user's process ({e}): this loader cannot go on") from None
             except (ConnectionError, OSError, EOFError):
                 # a pool that was ending as this connected: the next one starts anew
                 self._drop_conn()
@@ -343,12 +364,20 @@ class NodeWorkers(Workers):
             return worker_id in self._virtual
 
     def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:
+        """A persistent worker's new epoch is a new incarnation: task numbers start again at
+        0, so what the pool still has of the old epoch (an epoch left early) must not pass for
+        the new one's; the pool forgets it."""
         base_seed = protocol.decode_resume(payload)[0]
         with self._lock:
-            if worker_id not in self._virtual:
+            v = self._virtual.get(worker_id)
+            conn = self._conn
+            if v is None or conn is None:
                 return False
             self._seed = (base_seed, epoch)
+            self._gens[worker_id] += 1
+            self._virtual[worker_id] = _Virtual(self._gens[worker_id], v.started_at)
             self._events.append(events.EpochBegun(worker_id, epoch))
+        conn.send(("forget", worker_id, v.gen))
         return True
 
     # -- waiting ---------------------------------------------------------------------------------
@@ -361,9 +390,13 @@ class NodeWorkers(Workers):
                 conn = self._conn
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             slice_s = _SLICE_S if left is None else min(_SLICE_S, left)
-            if conn is None or conn.broken:
+            if conn is not None and conn.broken:
+                # a write found the connection gone before a read did: the pool ended
+                self._pool_ended(conn)
+                continue
+            if conn is None:
                 time.sleep(slice_s)
-            elif select.select([conn.sock], [], [], slice_s)[0]:
+            elif _readable(conn.sock, slice_s):
                 self._receive(conn)
                 continue
             if deadline is not None and time.monotonic() >= deadline:
@@ -385,7 +418,8 @@ class NodeWorkers(Workers):
         if kind == "batch":
             _, _, _, task, bid, offset, nbytes = message
             with conn.lock:
-                conn.held[bid] = nbytes
+                conn.held[bid] += 1
+                conn.bytes[bid] = nbytes
             batch = _Batch(conn, bid, fds[0], offset, nbytes)
             if not current:
                 batch.discard()
@@ -449,7 +483,12 @@ class NodeWorkers(Workers):
             now = time.monotonic()
             busy = bool(v.sent)
             since = min(v.began.values()) if v.began else now
-            status = {"state": "loading" if busy else "idle",
+            state = "loading" if busy else "idle"
+            if busy and not v.began and now - min(v.sent.values()) > STARTUP_GRACE_S:
+                # no pool worker took its work for a minute: the hang watch's "not taking
+                # work" applies (named, and killed under hang_timeout)
+                state, since = "starting", min(v.sent.values())
+            status = {"state": state,
                       "state_seconds": now - since if busy else now - max(v.last_done,
                                                                            v.started_at),
                       "index": None, "position": None,
@@ -470,7 +509,9 @@ class NodeWorkers(Workers):
     def slot_usage(self) -> dict:
         with self._lock:
             conn = self._conn
-        held = dict(conn.held) if conn is not None else {}
+        with conn.lock if conn is not None else threading.Lock():
+            held = {bid: conn.bytes.get(bid, 0) * k for bid, k in conn.held.items()} \
+                if conn is not None else {}
         n, b = len(held), sum(held.values())
         return {"slots": n, "bytes_mapped": b, "slots_held_by_user": n,
                 "bytes_held_by_user": b, "slots_waiting": 0, "bytes_waiting": 0}
