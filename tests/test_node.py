@@ -475,3 +475,64 @@ def test_a_rank_leaving_hands_over_the_tasks_another_joined(monkeypatch):
     del it_a  # the first rank's iterator ends (a break, or its process died)
     gc.collect()
     assert sorted(int(y) for _, ys in it_b for y in ys) == list(range(32))
+
+
+def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
+    """A chaos run: a thread SIGKILLs a random pool worker (busy, idle or still starting) every
+    0.4-1.0 s while a persistent loader reads three epochs; every epoch's samples arrive exactly
+    once, with their values, and no pool process is left afterwards."""
+    import random
+    import threading
+
+    import psutil
+    import torch
+
+    import stoker
+    from node import node_datasets
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    node = _node("chaos")
+    n = 240
+    dl = stoker.DataLoader(node_datasets.Values(n=n, slow_s=0.004), batch_size=4, shuffle=True,
+                           num_workers=3, persistent_workers=True, max_restarts=10_000,
+                           placement=node)
+    stop = threading.Event()
+    kills = []
+    pool_pid = []
+
+    def chaos():
+        rng = random.Random(7)
+        while not stop.wait(rng.uniform(0.4, 1.0)):
+            try:  # the pool's grandchildren: its fork server's children, the workers
+                workers = [c.pid for p in psutil.Process(pool_pid[0]).children()
+                           for c in p.children()]
+            except (psutil.Error, IndexError):
+                continue
+            if workers:
+                victim = rng.choice(workers)
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    kills.append(victim)
+                except ProcessLookupError:
+                    pass
+
+    torch.manual_seed(0)
+    thread = None
+    try:
+        for epoch in range(3):
+            got = []
+            for b in dl:
+                if thread is None:
+                    pool_pid.append(dl.stats()["pool"]["pid"])
+                    thread = threading.Thread(target=chaos, daemon=True)
+                    thread.start()
+                got += b["index"].tolist()
+                assert b["x"][:, 0].floor().long().tolist() == b["index"].tolist()
+            assert sorted(got) == list(range(n)), f"epoch {epoch}"
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+    assert len(kills) >= 8, kills
+    del dl
+    assert _gone(pool_pid) == []

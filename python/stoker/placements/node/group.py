@@ -46,7 +46,14 @@ from ..local import LocalProcesses
 
 log = logging.getLogger("stoker")
 
-START_DEATHS_BROKEN = 3  # deaths in a row before a first sample that mark a group broken
+# A start-up that raises (an unpicklable class, a worker_init_fn that fails: deterministic) three
+# times in a row breaks the group. A worker killed by a signal while starting (the OOM killer
+# choosing the newest process, an operator, a chaos test) says nothing of its next start: it is
+# started again, after a growing pause when it keeps dying (never a hot loop), and the group
+# breaks only when no worker of it has loaded anything for STARTUP_GRACE_S through at least
+# START_KILLS_BROKEN such deaths (a crash at every import).
+START_DEATHS_BROKEN = 3
+START_KILLS_BROKEN = 10
 # How long a batch no rank holds stays in its slot, in a group whose ranks ask for the same
 # batches, for the ranks that have not asked yet (at most two per worker stay).
 LINGER_BATCH_S = 2.0
@@ -106,7 +113,10 @@ class Group:
         self._delivered: collections.Counter = collections.Counter()  # client -> batches
         self._running: dict[int, Task | None] = {}  # pool worker -> the task it loads
         self._seed: dict[int, tuple] = {}  # pool worker -> (base seed, epoch) it is set to
-        self._start_deaths: collections.Counter = collections.Counter()
+        self._start_deaths: collections.Counter = collections.Counter()  # raised: exited
+        self._start_kills: collections.Counter = collections.Counter()  # killed by a signal
+        self._restart_at: dict[int, float] = {}  # worker -> when it starts again (a pause)
+        self._progress_at = time.monotonic()  # the group's last outcome
         self._by_ident: dict[tuple, Task] = {}  # queued or running
         self._by_number: dict[int, Task] = {}  # running
         self._held: dict[int, Held] = {}  # batch id -> what holds it
@@ -157,15 +167,16 @@ class Group:
                         self._died(ev)
                     elif ev is not None:
                         self._event(ev)
+                    self._expire_lingering()
+                    self._start_due()
                     self.dispatch()
+                    for t in self._running.values():  # workers that finished starting since
+                        if t is not None and not t.began:
+                            self._tell_began(t)
+                            self._stuck_starting(t)
                 except Exception as e:  # never a silent stop: every rank waiting hears of it
                     log.exception("stoker node pool: group %s failed", self.key[:8])
                     self._fail(e)
-                self._expire_lingering()
-                for t in self._running.values():  # workers that finished starting since
-                    if t is not None and not t.began:
-                        self._tell_began(t)
-                        self._stuck_starting(t)
 
     def _event(self, ev) -> None:
         if isinstance(ev, events.EpochBegun):
@@ -180,6 +191,8 @@ class Group:
             self._by_number.pop(task.number, None)
             self._by_ident.pop(task.ident, None)
             self._start_deaths.pop(ev.worker, None)
+            self._start_kills.pop(ev.worker, None)
+            self._progress_at = time.monotonic()
             self.loads += 1
             self.board.add("batches_yielded")
         if isinstance(ev, events.BatchReady):
@@ -251,11 +264,16 @@ class Group:
         task = self._running.get(w)
         self._running[w] = None
         if not ev.started:
-            self._start_deaths[w] += 1
+            if ev.signum:
+                self._start_kills[w] += 1
+            else:
+                self._start_deaths[w] += 1
+        failing = self._start_deaths[w] >= START_DEATHS_BROKEN or (
+            sum(self._start_kills.values()) >= START_KILLS_BROKEN
+            and time.monotonic() - self._progress_at > STARTUP_GRACE_S)
         if task is not None:
             self._by_number.pop(task.number, None)
-            if not ev.started and task.askers and \
-                    self._start_deaths[w] < START_DEATHS_BROKEN:
+            if not ev.started and task.askers and not failing:
                 # It died starting (the OOM killer choosing the newest process, say), before
                 # it loaded anything of the task: the task waits for another worker; the ranks
                 # hear only of a start-up that keeps failing (the group breaks, below).
@@ -267,14 +285,27 @@ class Group:
             self._by_ident.pop(task.ident, None)
             for a in list(task.askers):
                 self._tell_death(a, ev)
-        if self._start_deaths[w] >= START_DEATHS_BROKEN and self.broken is None:
+        if failing and self.broken is None:
             log.warning("stoker node pool: group %s is broken: %s", self.key[:8], ev.cause)
             self.broken = ev
             for t in list(self._by_ident.values()):
                 for a in list(t.askers):
                     self._tell_death(a, ev)
         if self.broken is None:
-            self._start(w)
+            k = self._start_kills[w] if not ev.started else 0
+            if k > 3:  # 0.1 s, 0.2 s, ... at most 2 s between starts
+                self._restart_at[w] = time.monotonic() + min(2.0, 0.1 * 2 ** (k - 4))
+            else:
+                self._start(w)
+
+    def _start_due(self) -> None:
+        """Starts the workers whose pause after deaths at start-up is over."""
+        now = time.monotonic()
+        for w, at in list(self._restart_at.items()):
+            if at <= now:
+                del self._restart_at[w]
+                if self.broken is None:
+                    self._start(w)
 
     def _fail(self, error: BaseException) -> None:
         """The group cannot go on (its workers could not be started again, a slot was found
@@ -397,7 +428,7 @@ class Group:
     def dispatch(self) -> None:
         """Every free worker takes the next task of the rank furthest behind."""
         for pw, running in self._running.items():
-            if running is not None:
+            if running is not None or pw in self._restart_at:
                 continue
             task = self._next_task()
             if task is None:
