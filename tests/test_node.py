@@ -536,3 +536,18 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
     assert len(kills) >= 8, kills
     del dl
     assert _gone(pool_pid) == []
+
+
+def test_node_option_forms_and_what_it_implies():
+    import stoker
+    from stoker.config.options import Options
+
+    for given in ("node", stoker.Node(), {"kind": "node", "workers": "auto", "name": None}):
+        assert Options(placement=given).placement == stoker.Node()
+    o = Options(placement=stoker.Node(workers=3, name="job"))
+    assert Options(**o.to_json()).placement == stoker.Node(workers=3, name="job")  # enable()
+    assert o.seed == "per_sample" and o.autotune is False
+    with pytest.raises(ValueError, match="workers"):
+        stoker.Node(workers=0)
+    with pytest.raises(ValueError, match="name"):
+        stoker.Node(name="")
