@@ -24,8 +24,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK = os.path.join(HERE, "node", "rank.py")
-PYTHONPATH = os.pathsep.join([os.path.join(os.path.dirname(HERE), "python"),
-                              *filter(None, [os.environ.get("PYTHONPATH")])])
+# The ranks import the stoker this test runs (installed, or a source tree on PYTHONPATH) and the
+# datasets of tests/.
+PYTHONPATH = os.pathsep.join([HERE, *filter(None, [os.environ.get("PYTHONPATH")])])
 N = 48  # samples in node_datasets.Values
 
 
