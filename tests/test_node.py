@@ -480,8 +480,8 @@ def test_a_rank_leaving_hands_over_the_tasks_another_joined(monkeypatch):
 
 def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
     """A chaos run: a thread SIGKILLs a random pool worker (busy, idle or still starting) every
-    0.4-1.0 s while a persistent loader reads three epochs; every epoch's samples arrive exactly
-    once, with their values, and no pool process is left afterwards."""
+    0.2-0.5 s while a persistent loader reads epochs (three at least, until twenty kills); every
+    epoch's samples arrive exactly once, with their values; no pool process is left after."""
     import random
     import threading
 
@@ -503,7 +503,7 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
 
     def chaos():
         rng = random.Random(7)
-        while not stop.wait(rng.uniform(0.4, 1.0)):
+        while not stop.wait(rng.uniform(0.2, 0.5)):
             try:  # the pool's grandchildren: its fork server's children, the workers
                 workers = [c.pid for p in psutil.Process(pool_pid[0]).children()
                            for c in p.children()]
@@ -520,7 +520,9 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
     torch.manual_seed(0)
     thread = None
     try:
-        for epoch in range(3):
+        epoch = 0
+        while epoch < 3 or (len(kills) < 20 and epoch < 30):  # three epochs, twenty kills
+            epoch += 1
             got = []
             for b in dl:
                 if thread is None:
@@ -534,7 +536,7 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
         stop.set()
         if thread is not None:
             thread.join()
-    assert len(kills) >= 8, kills
+    assert len(kills) >= 20, kills
     del dl
     assert _gone(pool_pid) == []
 

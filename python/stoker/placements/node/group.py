@@ -60,6 +60,15 @@ LINGER_BATCH_S = 2.0
 _ids = itertools.count(1)
 
 
+def _forkserver():
+    """The fork server the pool's workers start from, with the engine (and so torch) imported
+    once in it: its default preload, ``__main__``, is nothing for a pool run with ``-m``, and
+    every worker (every restart after a death) would import torch anew, for seconds."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["stoker.engine.process", "stoker.placements.local"])
+    return ctx
+
+
 @dataclasses.dataclass
 class Asker:
     """One rank's request for a task: its connection, virtual worker, that worker's
@@ -104,8 +113,8 @@ class Group:
         # A board of its own: `stoker top` and `stoker doctor` see the pool and its workers
         # (their status pages carry its token), counted once for every rank it serves.
         self.board = Board(size, f"stoker node pool {pool.job}")
-        self.workers = LocalProcesses(multiprocessing.get_context("forkserver"), size,
-                                      self.board.token, sealed=sealed, keep_slot_fds=True)
+        self.workers = LocalProcesses(_forkserver(), size, self.board.token, sealed=sealed,
+                                      keep_slot_fds=True)
         self.clients: set[int] = set()
         self.idle_since = time.monotonic()
         self.broken: events.WorkerExited | None = None
@@ -118,13 +127,11 @@ class Group:
         self._restart_at: dict[int, float] = {}  # worker -> when it starts again (a pause)
         self._progress_at = time.monotonic()  # the group's last outcome
         self._by_ident: dict[tuple, Task] = {}  # queued or running
-        self._by_number: dict[int, Task] = {}  # running
         self._held: dict[int, Held] = {}  # batch id -> what holds it
         self._held_by_ident: dict[tuple, int] = {}
         self._lingering: dict[int, float] = {}  # batch id -> until when it stays (no holder)
         self.shared_seen = False  # two ranks asked for one batch: the group's ranks share
         self._forgotten: dict[tuple, int] = {}  # (client, w) -> the incarnation that died
-        self.loads = 0  # tasks loaded (tests: a tensor-parallel pair loads each once)
         self._closed = False
         for w in range(size):
             self._start(w)
@@ -188,12 +195,10 @@ class Group:
             return
         if events.is_outcome(ev):
             self._running[ev.worker] = None
-            self._by_number.pop(task.number, None)
             self._by_ident.pop(task.ident, None)
             self._start_deaths.pop(ev.worker, None)
             self._start_kills.pop(ev.worker, None)
             self._progress_at = time.monotonic()
-            self.loads += 1
             self.board.add("batches_yielded")
         if isinstance(ev, events.BatchReady):
             self._deliver(task, ev.batch)
@@ -272,7 +277,6 @@ class Group:
             sum(self._start_kills.values()) >= START_KILLS_BROKEN
             and time.monotonic() - self._progress_at > STARTUP_GRACE_S)
         if task is not None:
-            self._by_number.pop(task.number, None)
             if not ev.started and task.askers and not failing:
                 # It died starting (the OOM killer choosing the newest process, say), before
                 # it loaded anything of the task: the task waits for another worker; the ranks
@@ -440,13 +444,11 @@ class Group:
             task.worker = pw
             task.sent_at = time.monotonic()
             self._running[pw] = task
-            self._by_number[task.number] = task
             self._tell_began(task)
             if not self.workers.send_task(pw, task.number,
                                           protocol.decode_index(task.fmt, task.payload)):
                 self._running[pw] = None  # its death is on its way; the task waits for another
                 task.worker = None
-                self._by_number.pop(task.number, None)
                 self._queues.setdefault(task.askers[0].cid, collections.deque()).appendleft(task)
 
     def _tell_began(self, task: Task) -> None:
@@ -481,15 +483,11 @@ class Group:
                 t = q.popleft()
                 if t.askers:
                     return t
-                self._by_ident.pop(t.ident, None)
+                if self._by_ident.get(t.ident) is t:
+                    del self._by_ident[t.ident]
         return None
 
-    # -- reading ---------------------------------------------------------------------------------
-    def describe(self) -> dict:
-        return {"key": self.key[:12], "workers": self.size, "pids": self.pids(),
-                "clients": len(self.clients), "loads": self.loads,
-                "held": len(self._held), "broken": self.broken.cause if self.broken else None}
-
+    # -- ending ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Marks the group ended (the pool's lock held): its thread sees it and returns."""
         self._closed = True
