@@ -554,3 +554,24 @@ def test_node_option_forms_and_what_it_implies():
         stoker.Node(workers=0)
     with pytest.raises(ValueError, match="name"):
         stoker.Node(name="")
+
+
+class _Prints:
+    """Prints a line for one sample (a user's debugging print in __getitem__)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            print(f"node-pool-print {i}", flush=True)
+        return i
+
+
+def test_what_a_dataset_prints_in_a_pool_worker_shows_on_the_rank(capfd, monkeypatch):
+    import stoker
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    dl = stoker.DataLoader(_Prints(), batch_size=2, num_workers=2, placement=_node("prints"))
+    assert sorted(int(x) for b in dl for x in b) == list(range(8))
+    assert "node-pool-print 3" in capfd.readouterr().out

@@ -42,9 +42,10 @@ def _start_pool(job: str) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     # It detaches (forks and its first process exits): waiting here reaps that first process.
+    # Its stdout and stderr are this rank's: what a dataset prints in a pool worker shows there.
     subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job], env=env,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   start_new_session=True, check=False, timeout=CONNECT_TIMEOUT_S)
+                   stdin=subprocess.DEVNULL, start_new_session=True, check=False,
+                   timeout=CONNECT_TIMEOUT_S)
 
 
 def connect(job: str):
