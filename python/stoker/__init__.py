@@ -19,6 +19,8 @@ docs/design/python.md explains it): leaves (``_errors``, ``_system``, ``_indices
 (``doctor``, ``top``, ``monitoring``, ``bench``).
 """
 
+import os as _os
+
 from . import _compat
 from ._errors import (
     BatchEncodingError,
@@ -108,8 +110,11 @@ def __getattr__(name):
 
 
 # Eagerly where torch is installed: Lightning wraps the __init__ of every DataLoader subclass that
-# exists when it starts, so stoker.DataLoader must exist by then.
-try:
-    DataLoader = _import_loader()
-except ImportError:
-    pass
+# exists when it starts, so stoker.DataLoader must exist by then. Not in the node's pool process
+# (placements/node/pool.py, started with STOKER_NODE_POOL set): it serves ranks and never needs
+# torch, which would cost it about 140 MB of its own.
+if not _os.environ.get("STOKER_NODE_POOL"):
+    try:
+        DataLoader = _import_loader()
+    except ImportError:
+        pass

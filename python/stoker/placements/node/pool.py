@@ -281,6 +281,8 @@ def _detach() -> None:
 
 def main(argv: list[str]) -> int:
     job = argv[0]
+    # Set by rendezvous so that this process skips torch; its workers import stoker as any does.
+    os.environ.pop("STOKER_NODE_POOL", None)
     listener = wire.new_socket()
     try:
         listener.bind(wire.address(job))

@@ -41,6 +41,7 @@ def _start_pool(job: str) -> None:
         os.path.abspath(__file__)))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    env["STOKER_NODE_POOL"] = "1"  # stoker's import leaves torch out of the pool (__init__.py)
     # It detaches (forks and its first process exits): waiting here reaps that first process.
     # Its stdout and stderr are this rank's: what a dataset prints in a pool worker shows there.
     subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job], env=env,
