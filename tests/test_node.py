@@ -14,10 +14,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -123,6 +125,7 @@ def test_same_batches_as_local_workers_one_pool_for_all_ranks(tmp_path, local_re
     pools = [r["pool"] for r in reps]
     assert pools[0]["pid"] == pools[1]["pid"]
     assert pools[0]["pids"] == pools[1]["pids"] and len(pools[0]["pids"]) == 2
+    assert not reps[0]["pool_has_torch"]  # the pool serves; only its workers import torch
     _exactly_once(reps)
     assert _gone([pools[0]["pid"], *pools[0]["pids"]]) == []
 
@@ -275,6 +278,42 @@ def test_another_user_can_neither_join_nor_squat(tmp_path):
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(r)
+
+
+def _can_mount_namespace() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_namespace(),
+                    reason="needs root and a mount namespace to run a rank as another uid")
+def test_another_user_of_the_same_job_gets_a_pool_of_its_own():
+    """A rank of uid 65534 with root's MASTER_ADDR:MASTER_PORT while root's pool runs: it starts
+    a pool of its own (its uid), is served by it, and root's pool carries on; both end."""
+    out = tempfile.mkdtemp(prefix="stoker-uid-", dir="/tmp")
+    os.chmod(out, 0o777)  # the other user's rank writes its report here
+    try:
+        env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                               os.path.join(HERE, "node", "other_user.py"), out,
+                               str(_free_port())], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open(os.path.join(out, "result.json")) as f:
+            res = json.load(f)
+        assert res["rc"] == 0, res["stderr"]
+        root, nobody = res["root"], res["nobody"]
+        assert root["pool"]["job"] == nobody["pool"]["job"]  # one job ...
+        assert nobody["pool"]["pid"] != root["pool"]["pid"]  # ... two pools
+        assert (res["root_pool_uid"], nobody["pool_uid"]) == (0, 65534)
+        assert res["root_pool_alive"]  # the other user's rank did not end root's pool
+        for epoch in nobody["epochs"]:
+            assert sorted(_indices(epoch)) == list(range(N))
+        assert _gone([root["pool"]["pid"], *root["pool"]["pids"],
+                      nobody["pool"]["pid"], *nobody["pool"]["pids"]]) == []
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def test_torchrun_stoker_run_placement_node_plain_torch_loader(tmp_path):

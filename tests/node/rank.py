@@ -52,6 +52,10 @@ def main():
             got.append((b["index"].tolist(), b["x"].tolist()))
             if step == 0 and out["pool"] is None:
                 out["pool"] = dl.stats().get("pool")
+                if out["pool"]:
+                    out["pool_uid"] = os.stat(f"/proc/{out['pool']['pid']}").st_uid
+                    with open(f"/proc/{out['pool']['pid']}/maps") as f:
+                        out["pool_has_torch"] = "libtorch" in f.read()
             if scenario == "tp":
                 dist.barrier()
             if epoch == 0 and step == 1:
