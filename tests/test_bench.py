@@ -45,6 +45,8 @@ def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
     skewed = data["skewed"]["local"]
     assert skewed["epoch_s"] > 0 and skewed["workers_per_rank"] >= 1
     assert "skewed lock-step" in p.stdout
+    # the least time the work itself takes, measured in the same run, beside the loaders'
+    assert data["skewed"]["bound_s"] > 0 and "the work itself" in p.stdout
     # the node's pool: one set of workers for both ranks, within the usable CPUs
     node = data["auto"]["node"]
     assert 1 <= node["started"] <= _system.usable_cpus() and node["pss_bytes"] > 0
