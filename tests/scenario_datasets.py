@@ -225,15 +225,6 @@ class RaisesInStream(torch.utils.data.IterableDataset):
             yield torch.tensor([i])
 
 
-class SlowToUnpickle(Squares):
-    """Under spawn/forkserver a worker unpickles its dataset before it reports anything: this
-    one takes 30 s there (a worker can be killed from outside during start-up)."""
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        time.sleep(30)
-
-
 class RewritesReadySlots(Squares):
     """From sample `at` on, bumps the generation of every slot of its worker that holds a batch
     waiting in the main process: what a C extension scribbling over shared memory would do."""
@@ -364,3 +355,57 @@ class MarksShared(Dataset):
     def __getitem__(self, i):
         self.seen[i] = 1.0
         return i
+
+
+def _dies_now(marks, signum, times) -> bool:
+    """Claims the next start in `marks` (a file each); True when this start is to die (the first
+    `times` starts; every one when `times` is None)."""
+    if times is None:
+        return True
+    for k in range(times):
+        try:
+            os.close(os.open(os.path.join(marks, f"start-{k}"), os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            continue
+    return False
+
+
+def die(signum) -> None:
+    if signum == signal.SIGSEGV:
+        ctypes.string_at(0)  # a real segmentation fault, as a C extension's
+    os.kill(os.getpid(), signum)
+    time.sleep(10)
+
+
+class DiesWhileStarting(Squares):
+    """Under spawn/forkserver a worker unpickles its dataset before it reports anything: this
+    one dies there by `signum` (SIGKILL: the OOM killer, say; SIGSEGV: a real fault) at the first
+    `times` starts (None: at every one), counted with files in `marks`."""
+
+    def __init__(self, marks, signum, times=1, n=32):
+        super().__init__(n)
+        self.marks, self.signum, self.times = marks, signum, times
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if _dies_now(self.marks, self.signum, self.times):
+            die(self.signum)
+
+
+class RaisesWhileStarting(Squares):
+    """Its unpickling raises in the worker (a missing file, a module that fails to import)."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("cannot open the index of shard 0: No such file or directory")
+
+
+class DieAtStart:
+    """A worker_init_fn that dies by `signum` at the first `times` starts (None: every one)."""
+
+    def __init__(self, marks, signum, times=1):
+        self.marks, self.signum, self.times = marks, signum, times
+
+    def __call__(self, worker_id):
+        if _dies_now(self.marks, self.signum, self.times):
+            die(self.signum)

@@ -60,13 +60,6 @@ def test_quarantine_counts_do_not_add_up_across_epochs(scenario):
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_killed_while_starting_is_not_blamed_on_pickling(scenario):
-    # Killed from outside while it unpickles its dataset (before it reports anything): the
-    # message says so, instead of blaming pickling.
-    r = scenario("where_jobs_run.killed_while_starting", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
-
-
 def test_typing_alias_workers_list_and_forkserver_pickle_warning(scenario):
     r = scenario("where_jobs_run.typing_alias_workers_and_pickle_warning", timeout=90)
     assert "OK" in r.stdout, r.stdout + r.stderr

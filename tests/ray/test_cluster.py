@@ -16,7 +16,16 @@ import torch
 import stoker
 from conftest import ADDRESS, Node, wait_until
 from resume_datasets import Augmented, as_lists
-from scenario_datasets import HangsAt, KillsOnceAt, KillsSelfAt, RaisesAt, Slow, Squares
+from scenario_datasets import (
+    DiesWhileStarting,
+    HangsAt,
+    KillsOnceAt,
+    KillsSelfAt,
+    RaisesAt,
+    RaisesWhileStarting,
+    Slow,
+    Squares,
+)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,6 +154,21 @@ def test_an_actor_killed_mid_epoch_is_restarted_and_nothing_is_lost(clean):
             os.kill(pid, signal.SIGKILL)
     assert got == list(range(200))
     assert len(loader.deaths) == 1 and loader.deaths[0].worker_id == 0
+
+
+def test_an_actor_killed_while_starting_is_restarted_and_nothing_is_lost(clean, tmp_path):
+    """An actor whose process is killed while it unpickles its dataset (before its first
+    sample): restarted within max_restarts, every sample once. One whose creation raises ends
+    the run at the first death."""
+    loader = stoker.DataLoader(DiesWhileStarting(str(tmp_path), signal.SIGKILL, 1, 24),
+                               batch_size=4, num_workers=2, placement=ray_placement())
+    assert labels(loader) == list(range(24))
+    assert len(loader.deaths) == 1 and "while starting" in str(loader.deaths[0]), loader.deaths
+    raising = stoker.DataLoader(RaisesWhileStarting(16), batch_size=4, num_workers=2,
+                                max_restarts=50, placement=ray_placement())
+    with pytest.raises(stoker.WorkerCrashed, match="while starting"):
+        list(raising)
+    assert len(raising.deaths) == 1, raising.deaths
 
 
 def test_resume_moves_between_local_and_ray_placements(clean):

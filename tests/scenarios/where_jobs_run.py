@@ -20,7 +20,7 @@ import numpy as np
 from torch.utils.data import Dataset, Sampler
 
 import stoker
-from scenario_datasets import Keyed, KillsOnceAt, KillsSelfAt, Slow, SlowToUnpickle, Squares
+from scenario_datasets import Keyed, KillsOnceAt, KillsSelfAt, Slow, Squares
 from scenarios.probes import labels
 
 
@@ -216,25 +216,6 @@ def quarantine_counts_per_epoch():
     assert labels(list(loader)) == list(range(16))
     assert len(loader.deaths) == 2 and not loader.skipped and not loader.stats()["quarantined"]
     print("OK")
-
-
-def killed_while_starting():
-    """A spawned worker killed while it unpickles its dataset is named killed while starting,
-    not blamed on pickling."""
-    loader = stoker.DataLoader(SlowToUnpickle(8), batch_size=2, num_workers=1,
-                               multiprocessing_context="spawn")
-    it = iter(loader)
-
-    def kill():
-        time.sleep(3)
-        os.kill(it._workers[0].pid, signal.SIGKILL)
-
-    threading.Thread(target=kill, daemon=True).start()
-    try:
-        next(it)
-    except stoker.WorkerCrashed as e:
-        assert "pickl" not in str(e) and "SIGKILL" in str(e) and "while starting" in str(e), str(e)
-        print("OK")
 
 
 def typing_alias_workers_and_pickle_warning():

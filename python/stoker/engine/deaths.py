@@ -32,9 +32,12 @@ class Death:
     index: object = None  # the dataset index it was loading, when known
     epoch: int = 0
     tasks: list = field(default_factory=list)
+    starting: bool = False  # before its first sample
 
     def __str__(self):
         where = f" while loading dataset index {self.index!r}" if self.index is not None else ""
+        if self.starting:
+            where = " while starting, before it loaded anything"
         return f"worker {self.worker_id} (pid {self.pid}) {self.cause}{where}"
 
 

@@ -138,6 +138,10 @@ class WorkerExited:
     outside: bool  # a SIGKILL that neither the loader nor the OOM killer explains
     task: int | None = None  # the task it was working on, and the position of the sample in
     position: int | None = None  # it: they name a sample whose index is not an int
+    # It ended on its own before it started (an exception while unpickling the dataset or in
+    # worker_init_fn; for Ray, in the actor's creation): a new one would fail the same way.
+    # A start-up ended from outside (a signal: the OOM killer, an operator) is not that.
+    start_failed: bool = False
 
 
 def from_message(worker: int, mtype: int, task: int, a: int, payload, batch):

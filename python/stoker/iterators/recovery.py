@@ -52,15 +52,12 @@ class Recovery:
         stop; returns normally when the worker is to be restarted and its tasks re-issued."""
         st = self._state
         death = Death(ex.worker, ex.pid, signal_name(ex.signum) if ex.signum else None,
-                      ex.exit_code, ex.cause, ex.index, st.epoch, list(tasks))
+                      ex.exit_code, ex.cause, ex.index, st.epoch, list(tasks),
+                      starting=not ex.started)
         st.deaths.append(death)
         board.add("deaths")
         head = f"{_torch_words(ex)}\nstoker: worker {ex.worker} (pid {ex.pid}) {ex.explanation}"
-        if not ex.started:
-            if ex.outside:
-                raise crashed(death, indices,
-                              f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.explanation}"
-                              "\nIt was killed while starting, before it loaded anything.")
+        if not ex.started and ex.start_failed:  # its own failure: a new one would fail too
             raise crashed(death, indices,
                           f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.cause} while "
                           "starting, before it loaded anything; its traceback, if any, is "
@@ -85,6 +82,8 @@ class Recovery:
                                   "the sample.")
                 self.quarantine(ex.index, f"quarantined after {count} worker deaths ({ex.cause})",
                                 board)
+        if not ex.started:  # killed while starting (the OOM killer, an operator): it may
+            head += "\nIt was killed while starting, before it loaded anything."  # start again
         if self._opts.on_worker_death == "raise":
             raise crashed(death, indices, head)
         if not self._restartable and not (self._stream_known and self._stream_known(ex.worker)):

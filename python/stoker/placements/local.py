@@ -291,7 +291,8 @@ class LocalProcesses(Workers):
                             bool(status) or hung is not None,
                             outside=signum == signal.SIGKILL and not oom and hung is None,
                             task=status.get("task") if busy or hung else None,
-                            position=status.get("position") if busy or hung else None)
+                            position=status.get("position") if busy or hung else None,
+                            start_failed=not status and hung is None and not signum)
 
     # -- reading ---------------------------------------------------------------------------------
     @property

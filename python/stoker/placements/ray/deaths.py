@@ -35,3 +35,12 @@ def name_death(error, info: dict, hung=None) -> tuple[str, str]:
                 "has its last lines")
     detail = "\n".join(text.strip().splitlines()[:12])
     return cause, f"(Ray actor {where}) {cause}.\nRay says: {detail}\nWhat to do: {what}."
+
+
+def start_failed(error) -> bool:
+    """Whether the actor's creation itself raised (unpickling the dataset, ``worker_init_fn``):
+    Ray says so (``actor_init_failed``, "an error raised in its creation task"), unlike an
+    actor process killed or lost while it started, which may start again."""
+    if getattr(error, "actor_init_failed", False):
+        return True
+    return "error raised in its creation task" in str(error)

@@ -24,7 +24,7 @@ from ...engine import protocol
 from ...engine.events import TaskFailed, WorkerExited, WorkerLost, WorkerReady, from_message
 from ..base import Hung, Workers, WorkerView
 from .actor import actor_class, ray_module
-from .deaths import name_death
+from .deaths import name_death, start_failed
 from .record import ActorRecord, Call, Waiting
 from .room import Cluster, Room
 
@@ -317,7 +317,7 @@ class RayWorkers(Workers):
             w, info.get("pid"), 0, None, cause, explanation, hung.index if hung else None,
             busy=task is not None, hung=hung is not None,
             started=bool(info) or bool(snap) or hung is not None, outside=False, task=task,
-            position=None))
+            position=None, start_failed=start_failed(error)))
 
     # -- reading ---------------------------------------------------------------------------------
     def view(self, worker_id: int) -> WorkerView | None:
