@@ -614,3 +614,31 @@ def test_what_a_dataset_prints_in_a_pool_worker_shows_on_the_rank(capfd, monkeyp
     dl = stoker.DataLoader(_Prints(), batch_size=2, num_workers=2, placement=_node("prints"))
     assert sorted(int(x) for b in dl for x in b) == list(range(8))
     assert "node-pool-print 3" in capfd.readouterr().out
+
+
+def test_a_pool_killed_before_it_bound_its_name_is_started_again(monkeypatch):
+    """The process that was to become the pool is killed while it imports (the OOM killer, a
+    signal meant for another): the rank starts another instead of waiting a minute for it.
+    One that fails on its own (an import error) is named at once."""
+    import stoker
+    from node import node_datasets
+    from stoker._errors import EngineError
+    from stoker.placements.node import rendezvous
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    real, calls = rendezvous._start_pool, []
+
+    def killed_first(job):
+        calls.append(job)
+        return -signal.SIGKILL if len(calls) == 1 else real(job)
+
+    monkeypatch.setattr(rendezvous, "_start_pool", killed_first)
+    t0 = time.monotonic()
+    dl = stoker.DataLoader(node_datasets.Values(), batch_size=4, num_workers=2,
+                           placement=_node("starter-killed"))
+    assert sorted(i for b in dl for i in b["index"].tolist()) == list(range(N))
+    assert len(calls) == 2 and time.monotonic() - t0 < 30
+
+    monkeypatch.setattr(rendezvous, "_start_pool", lambda job: 1)
+    with pytest.raises(EngineError, match="could not start: its process exited with status 1"):
+        rendezvous.connect("name:stoker-test-never-there")

@@ -20,6 +20,9 @@ from ..._errors import EngineError
 from . import wire
 
 CONNECT_TIMEOUT_S = 60.0  # a pool just started imports Python and binds within a second
+# A pool started here that binds no name within this long is started again: the process that
+# was to become it may have died first (killed while it imported, by the OOM killer say).
+START_AGAIN_S = 5.0
 
 
 def job_name(spec) -> str:
@@ -36,7 +39,7 @@ def job_name(spec) -> str:
     return f"process:{os.getpid()}"
 
 
-def _start_pool(job: str) -> None:
+def _start_pool(job: str) -> int:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
     env = dict(os.environ)
@@ -44,9 +47,14 @@ def _start_pool(job: str) -> None:
     env["STOKER_NODE_POOL"] = "1"  # stoker's import leaves torch out of the pool (__init__.py)
     # It detaches (forks and its first process exits): waiting here reaps that first process.
     # Its stdout and stderr are this rank's: what a dataset prints in a pool worker shows there.
-    subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job], env=env,
-                   stdin=subprocess.DEVNULL, start_new_session=True, check=False,
-                   timeout=CONNECT_TIMEOUT_S)
+    # Its status: 0 once it has bound the name and detached (or found it held); negative: killed
+    # by that signal before; positive: it failed (an import error, say).
+    try:
+        return subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job],
+                              env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                              check=False, timeout=CONNECT_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        return -1
 
 
 def connect(job: str):
@@ -55,17 +63,25 @@ def connect(job: str):
     pool answers."""
     addr = wire.address(job)
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
-    started = False
+    started_at = None
+    status = None
     while True:
         sock = wire.new_socket()
         try:
             sock.connect(addr)
         except (ConnectionRefusedError, FileNotFoundError):
             sock.close()
-            if not started:
-                _start_pool(job)
-                started = True
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if started_at is None or status < 0 or now - started_at > START_AGAIN_S:
+                # none started yet, or the one started here was killed before it bound the
+                # name, or no pool holds the name for a while (the one that held it died)
+                status, started_at = _start_pool(job), time.monotonic()
+                if status > 0:  # it failed on its own (its traceback is on stderr, above)
+                    raise EngineError(
+                        f"stoker: the node's worker pool for job {job!r} could not start: its "
+                        f"process exited with status {status} (its traceback, if any, is above "
+                        "on stderr)") from None
+            if now > deadline:
                 raise EngineError(f"stoker: the node's worker pool for job {job!r} did not "
                                   f"start within {CONNECT_TIMEOUT_S:.0f} s") from None
             time.sleep(0.02)
