@@ -18,7 +18,7 @@ VPY_V    := $(VVENV)/bin/python
 VISION_REQS := tests/requirements-vision.txt
 VISION_DEPS := $(VVENV)/.deps-stamp
 
-.PHONY: all demo test test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean
+.PHONY: all demo soak test test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean
 
 all: install
 
@@ -63,6 +63,12 @@ test-vision: $(VISION_DEPS)
 
 demo: install
 	$(VPY) examples/demo.py
+
+# The chaos soak (tests/soak/chaos.py): workers killed at random for SOAK_SECONDS (10 minutes)
+# under every phase; a JSON report in build/soak.json. A 20 s run of it is in `make test`.
+soak: install
+	mkdir -p build
+	$(VPY) tests/soak/chaos.py --seconds $${SOAK_SECONDS:-600} --json build/soak.json
 
 # Peers are optional: each is installed when PyPI has it for this machine, skipped otherwise.
 bench: install
