@@ -198,3 +198,22 @@ class JpegFolder(Dataset):
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         hwc = np.asarray(img, dtype=np.uint8)
         return torch.from_numpy(np.ascontiguousarray(hwc.transpose(2, 0, 1))), self.labels[index]
+
+
+class CrashesOn(Dataset):
+    """`dataset` with one corrupt file: loading index `bad` crashes the process with a
+    segmentation fault, as a C decoder fed a corrupt JPEG does. Every other sample is
+    `dataset`'s."""
+
+    def __init__(self, dataset: Dataset, bad: int):
+        self.dataset, self.bad = dataset, bad
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            import ctypes
+
+            ctypes.string_at(0)  # the decoder reads through a null pointer
+        return self.dataset[i]
