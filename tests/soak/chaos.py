@@ -43,9 +43,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 import torch  # noqa: E402
+from soak_data import Chaos, Recorded, check_batch, flaky  # noqa: E402
 
 import stoker  # noqa: E402
-from soak_data import Chaos, Recorded, check_batch, flaky  # noqa: E402
 
 SIGNALS = [(signal.SIGKILL, 50), (signal.SIGSEGV, 20), (signal.SIGTERM, 10),
            (signal.SIGBUS, 10), (signal.SIGABRT, 10)]
