@@ -642,3 +642,19 @@ def test_a_pool_killed_before_it_bound_its_name_is_started_again(monkeypatch):
     monkeypatch.setattr(rendezvous, "_start_pool", lambda job: 1)
     with pytest.raises(EngineError, match="could not start: its process exited with status 1"):
         rendezvous.connect("name:stoker-test-never-there")
+
+
+def test_a_dataset_that_cannot_start_in_the_pool_ends_the_run_at_once(monkeypatch):
+    """Every pool worker fails while unpickling the dataset: the group breaks after three such
+    starts, and the rank raises at once (it does not restart its virtual workers into the
+    broken group until max_restarts runs out)."""
+    import stoker
+    from node import node_datasets
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    dl = stoker.DataLoader(node_datasets.CannotUnpickle(), batch_size=4, num_workers=2,
+                           max_restarts=1000, placement=_node("cannot-start"))
+    t0 = time.monotonic()
+    with pytest.raises(stoker.WorkerCrashed, match="while starting"):
+        list(dl)
+    assert time.monotonic() - t0 < 60 and len(dl.deaths) <= 2, dl.deaths

@@ -24,3 +24,11 @@ class Values(torch.utils.data.Dataset):
             with open(self.calls, "a") as f:
                 f.write(f"{i}\n")
         return {"index": i + self.offset, "x": torch.rand(3) + i}
+
+
+class CannotUnpickle(Values):
+    """Its unpickling raises in the pool's workers (a file they cannot open, say): every start
+    fails the same way."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("cannot open the index of shard 0 in a pool worker")

@@ -57,7 +57,10 @@ class Recovery:
         st.deaths.append(death)
         board.add("deaths")
         head = f"{_torch_words(ex)}\nstoker: worker {ex.worker} (pid {ex.pid}) {ex.explanation}"
-        if not ex.started and ex.start_failed:  # its own failure: a new one would fail too
+        if ex.start_failed and ex.started:  # the placement cannot start it again (node pool)
+            raise crashed(death, indices, f"{head}\nA new worker would fail the same way: it "
+                          "is not restarted.")
+        if ex.start_failed:  # its own failure while starting: a new one would fail too
             raise crashed(death, indices,
                           f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.cause} while "
                           "starting, before it loaded anything; its traceback, if any, is "

@@ -118,9 +118,10 @@ def loader_stats(loader) -> dict:
         "num_workers": loader.num_workers,
         "deaths": [{"worker_id": d.worker_id, "pid": d.pid, "signal": d.signal,
                     "exit_code": d.exit_code, "cause": d.cause, "index": jsonable(d.index),
-                    "epoch": d.epoch} for d in rec.deaths],
+                    "epoch": d.epoch} for d in list(rec.deaths)],
         "skipped": [{"index": jsonable(s.index), "reason": s.reason, "epoch": s.epoch}
-                    for s in rec.skipped],
-        "quarantined": sorted((jsonable(q) for q in rec.quarantined), key=repr),
+                    for s in list(rec.skipped)],
+        # (copies, taken at once: the iterating thread may add to them while another reads)
+        "quarantined": sorted((jsonable(q) for q in list(rec.quarantined)), key=repr),
     })
     return live

@@ -276,6 +276,8 @@ class Group:
         failing = self._start_deaths[w] >= START_DEATHS_BROKEN or (
             sum(self._start_kills.values()) >= START_KILLS_BROKEN
             and time.monotonic() - self._progress_at > STARTUP_GRACE_S)
+        if failing:  # the ranks must not start it again: the pool did, and it kept failing
+            ev = dataclasses.replace(ev, start_failed=True)
         if task is not None:
             if not ev.started and task.askers and not failing:
                 # It died starting (the OOM killer choosing the newest process, say), before
@@ -317,7 +319,7 @@ class Group:
         cause = (f"was lost with the node pool's workers for this dataset: "
                  f"{type(error).__name__}: {protocol.safe_str(error)}")
         ev = events.WorkerExited(-1, None, 0, None, cause, f"a worker {cause}", None, False,
-                                 False, True, False)
+                                 False, True, False, start_failed=True)
         self.broken = self.broken or ev
         for t in list(self._by_ident.values()):
             for a in list(t.askers):

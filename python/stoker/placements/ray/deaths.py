@@ -38,9 +38,12 @@ def name_death(error, info: dict, hung=None) -> tuple[str, str]:
 
 
 def start_failed(error) -> bool:
-    """Whether the actor's creation itself raised (unpickling the dataset, ``worker_init_fn``):
-    Ray says so (``actor_init_failed``, "an error raised in its creation task"), unlike an
-    actor process killed or lost while it started, which may start again."""
+    """Whether the actor's creation itself failed, so that a new one would fail the same way:
+    its constructor raised (unpickling the dataset, ``worker_init_fn``: Ray says so with
+    ``actor_init_failed``, "an error raised in its creation task"), or its runtime environment
+    could not be set up. An actor process killed or lost while it started may start again."""
     if getattr(error, "actor_init_failed", False):
+        return True
+    if type(error).__name__ == "RuntimeEnvSetupError":  # its environment cannot be made
         return True
     return "error raised in its creation task" in str(error)
