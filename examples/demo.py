@@ -124,7 +124,7 @@ def train(name: str, loader_cls, dataset, args: argparse.Namespace, epochs: int,
     with tqdm(total=epochs * len(dataset), desc=name, unit="img", leave=False) as bar:
         try:
             for epoch in range(epochs):
-                loss_sum, loss_n = 0.0, 0
+                loss_sum, loss_n, step = 0.0, 0, -1
                 for step, (images, labels) in enumerate(loader):
                     t0 = time.thread_time()
                     x = images.float() / 255
@@ -189,7 +189,9 @@ def act_one(dataset, args) -> list[dict]:
 
 
 def act_two(dataset, clean: dict, args) -> None:
-    """A corrupt JPEG that segfaults its decoder, and a worker killed in the first epoch."""
+    """A corrupt JPEG that segfaults its decoder, and a worker killed in the first epoch. Both
+    loaders fork their workers here, so that the worker to kill is a child of this process
+    (under forkserver, Python 3.14's default, they are the fork server's)."""
     bad = len(dataset) // 2 + 1
     faulty = CrashesOn(dataset, bad)
     kill_at = (0, 8)
@@ -199,14 +201,14 @@ def act_two(dataset, clean: dict, args) -> None:
           "(as the OOM killer does).")
     for what, ds, at in (("a worker killed", dataset, kill_at), ("the corrupt JPEG", faulty, None)):
         r = train("torch.utils.data.DataLoader", torch.utils.data.DataLoader, ds, args,
-                  epochs, kill_at=at)
+                  epochs, kill_at=at, multiprocessing_context="fork")
         if r["error"]:
             msg, epoch, step = r["error"]
             print(f"torch, {what}: the run stops in epoch {epoch + 1}, batch {step}:\n    {msg}")
         else:
             print(f"torch, {what}: finished")
     r = train("stoker.DataLoader", stoker.DataLoader, faulty, args, epochs, kill_at=kill_at,
-              on_error="skip")
+              on_error="skip", multiprocessing_context="fork")
     if r["error"]:
         print(f"stoker: the run stops: {r['error'][0]}")
         return
