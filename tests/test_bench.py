@@ -97,3 +97,40 @@ def test_autotune_settings_run_interleaved_in_rotating_order_and_the_median_coun
     assert [r["setting"] for r in got] == ["a", "b", "c"]
     assert [r["rounds"] for r in got] == [[10, 31, 22], [20, 11, 32], [30, 21, 12]]
     assert [r["samples_per_s"] for r in got] == [22, 20, 21]
+
+
+def test_a_row_above_the_bound_of_its_work_is_an_error_not_a_number():
+    """A loader timed at several times what the work itself allows on this machine measured
+    something else (it once put torchdata.nodes at 57x on `metadata`): the table names it."""
+    import io
+
+    from stoker.bench import cli
+
+    def run(who, rate, rnd):
+        return {"workload": "metadata", "loader": who, "round": rnd, "workers": 4,
+                "samples_per_s": rate, "main_cpu_ms_per_batch": 1.0, "pss_total_mb": 300.0,
+                "pss_single_process_mb": 250.0, "syscalls_per_batch": 10.0,
+                "time_to_first_batch_s": 1.0, "batch_bytes": 1024}
+
+    runs = []
+    for rnd in range(3):
+        runs.append({"workload": "metadata", "loader": "bound", "round": rnd,
+                     "bound_samples_per_s": 200.0})
+        runs += [run("torch", 150.0, rnd), run("stoker", 190.0, rnd),
+                 run("torchdata", 11_000.0, rnd)]
+    table = cli.summarize(runs, ["metadata"], ["torch", "stoker", "torchdata"])
+    rows = {r["loader"]: r for r in table}
+    assert rows["stoker"]["samples_per_s"] == 190.0 and "error" not in rows["stoker"]
+    assert round(rows["stoker"]["ratio_vs_torch"], 2) == 1.27
+    bad = rows["torchdata"]
+    assert "samples_per_s" not in bad and bad["measured_samples_per_s"] == 11_000.0
+    assert bad["error"].startswith("ERROR") and "55.0x the bound" in bad["error"]
+    out = io.StringIO()
+    cli.print_table(table, out=out)
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("metadata  torchdata"))
+    assert "ERROR: measured 11000 samples/s" in line and "skipped" not in line
+
+    # torch's own row above the bound: the others' ratios to it are not given either
+    runs = [r if r["loader"] != "torch" else dict(r, samples_per_s=9_000.0) for r in runs]
+    rows = {r["loader"]: r for r in cli.summarize(runs, ["metadata"], ["torch", "stoker"])}
+    assert "error" in rows["torch"] and rows["stoker"]["ratio_vs_torch"] is None

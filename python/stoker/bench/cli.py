@@ -59,6 +59,23 @@ def bench(workloads, loaders, workers, rounds, progress=True, start_method=None)
     return runs
 
 
+# A row faster than this share of the work's own bound (timed in the same round) did not do
+# that work in its timed window: it measured something else (batches made before the window
+# opened, samples not loaded), and the table says so instead of printing the number. The
+# margin is the bound's own round-to-round spread on this machine.
+ABOVE_BOUND = 1.15
+
+
+def _above_bound(row) -> str | None:
+    share = row.get("share_of_bound")
+    if share is None or share <= ABOVE_BOUND:
+        return None
+    return (f"ERROR: measured {row['samples_per_s']:.0f} samples/s, {share:.1f}x the bound of "
+            f"the work itself ({row['bound_samples_per_s']:.0f}/s on this machine): no loader "
+            "doing this work can; the run measured something else (batches made before its "
+            "timed window, or samples it did not load)")
+
+
 def summarize(runs, workloads, loaders):
     table = []
     for wl in workloads:
@@ -93,6 +110,18 @@ def summarize(runs, workloads, loaders):
                 "time_to_first_batch_s": _median(ok, "time_to_first_batch_s"),
                 "batch_mb": _median(ok, "batch_bytes") / 2**20,
             })
+            problem = _above_bound(table[-1])
+            if problem:
+                row = table[-1]
+                row["measured_samples_per_s"] = row.pop("samples_per_s")
+                row["ratio_vs_torch"] = row["share_of_bound"] = None
+                row["error"] = problem
+        torch_row = next((r for r in table if r["workload"] == wl and r["loader"] == "torch"),
+                         None)
+        if torch_row is not None and "error" in torch_row:
+            for r in table:  # a ratio to a number that is not one is none either
+                if r["workload"] == wl and "ratio_vs_torch" in r:
+                    r["ratio_vs_torch"] = None
     return table
 
 
@@ -104,7 +133,9 @@ def print_table(table, out=sys.stdout):
     print("-" * len(head), file=out)
     for row in table:
         if "error" in row:
-            print(f"{row['workload']:9} {row['loader']:10} skipped: {row['error']}", file=out)
+            what = row["error"] if row["error"].startswith("ERROR") else \
+                f"skipped: {row['error']}"
+            print(f"{row['workload']:9} {row['loader']:10} {what}", file=out)
             continue
         pss_ratio = None
         if row["pss_total_mb"] and row["pss_single_process_mb"]:

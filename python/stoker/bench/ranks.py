@@ -176,14 +176,17 @@ def work_bound(ranks: int, cpus: int, rounds: int = 3) -> float:
         for share in shares:
             pid = os.fork()
             if pid == 0:
+                code = 1
                 try:
                     for i in share:
                         ds[i]
+                    code = 0
                 finally:
-                    os._exit(0)
+                    os._exit(code)
             pids.append(pid)
         for pid in pids:
-            os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+                raise RuntimeError("the bound's process failed: no bound measured")
         best = min(best, time.perf_counter() - t0)
     return best
 
