@@ -65,10 +65,16 @@ demo: install
 	$(VPY) examples/demo.py
 
 # The chaos soak (tests/soak/chaos.py): workers killed at random for SOAK_SECONDS (10 minutes)
-# under every phase; a JSON report in build/soak.json. A 20 s run of it is in `make test`.
+# under every phase; a JSON report in build/soak.json. A 20 s run of it is in `make test`. With
+# Ray installed, root and `unshare`, a phase with Ray actors too, on a loopback-only cluster
+# (tests/soak/with_ray.sh).
 soak: install
 	mkdir -p build
-	$(VPY) tests/soak/chaos.py --seconds $${SOAK_SECONDS:-600} --json build/soak.json
+	if $(VPY) -c "import ray" 2>/dev/null && [ "$$(id -u)" = 0 ] && command -v unshare >/dev/null; then \
+	  PY=$(abspath $(VPY)) tests/soak/with_ray.sh --seconds $${SOAK_SECONDS:-600} --json build/soak.json; \
+	else \
+	  $(VPY) tests/soak/chaos.py --seconds $${SOAK_SECONDS:-600} --json build/soak.json; \
+	fi
 
 # Peers are optional: each is installed when PyPI has it for this machine, skipped otherwise.
 bench: install

@@ -10,7 +10,9 @@ Phases rotate until the time is up, each a fresh loader run for a few epochs:
 - spawn, persistent workers, retry (a worker's start-up lasts long enough to be killed in it);
 - fork, in_order=False, retry;
 - the node's pool (placement=stoker.Node()), retry: its workers killed, and now and then the
-  pool itself.
+  pool itself;
+- with --ray-address (tests/soak/with_ray.sh starts a cluster), Ray actors, retry: their
+  processes killed by the pids they give.
 
 The killer sends SIGKILL, SIGSEGV, SIGTERM, SIGBUS or SIGABRT to a random worker every
 0.1-0.4 s (0.6-1.2 s under spawn, whose workers take a second to start), busy or idle, and one time in four goes for a worker that is starting: one the
@@ -117,6 +119,9 @@ class Killer(threading.Thread):
         self.on = threading.Event()
         self.stop = threading.Event()
         self.killed_on: set = set()  # indices a kill landed on this epoch
+        # new children of this process count as starting workers (not under Ray, whose
+        # actors are the raylet's children: there only the pids the actors give are killed)
+        self.starting_kills = True
         self.kills: dict = {}
         self.moments: dict = {"busy": 0, "idle": 0, "starting": 0, "pool": 0}
         self._n = 0
@@ -153,7 +158,7 @@ class Killer(threading.Thread):
         if pool and self.pool_every and self._n % self.pool_every == 0:
             self._send(pool["pid"], signal.SIGKILL, "pool")
             return
-        if not pool and self.rng.random() < 0.25:  # a worker that is starting
+        if not pool and self.starting_kills and self.rng.random() < 0.25:  # one starting
             known = {w["pid"] for w in workers}
             deadline = time.monotonic() + 0.3
             while time.monotonic() < deadline and self.on.is_set():
@@ -195,6 +200,10 @@ PHASES = [
          in_order=False),
     dict(name="node-retry", context=None, persistent=True, on_error="retry", node=True),
 ]
+# With --ray-address (a cluster on this machine: tests/soak/with_ray.sh starts one): workers
+# as Ray actors, their processes killed as the others'.
+RAY_PHASE = dict(name="ray-retry", context=None, persistent=True, on_error="retry",
+                 slow_kills=True, ray=True)
 
 
 class Failed(AssertionError):
@@ -217,10 +226,13 @@ def run_phase(spec: dict, killer: Killer, until: float, rng: random.Random, n: i
         kw["multiprocessing_context"] = spec["context"]
     if spec.get("node"):
         kw["placement"] = stoker.Node(workers=2, name=f"soak-{os.getpid()}")
+    if spec.get("ray"):
+        kw["placement"] = stoker.Ray(address=spec["address"])
     loader = stoker.DataLoader(ds, **kw)
     killer.loader = loader
     killer.low, killer.high = (0.6, 1.2) if spec.get("slow_kills") else (0.1, 0.4)
     killer.pool_every = 12 if spec.get("node") else 0
+    killer.starting_kills = not spec.get("ray")
     phase = report["phases"].setdefault(spec["name"], {"epochs": 0, "batches": 0,
                                                        "resources": []})
     epochs = 0
@@ -271,7 +283,21 @@ def run_phase(spec: dict, killer: Killer, until: float, rng: random.Random, n: i
     killer.loader = None
     del loader
     gc.collect()
+    if spec.get("ray"):
+        _ray_actors_gone()
     _check_flat(spec["name"], phase["resources"])
+
+
+def _ray_actors_gone(within: float = 60.0) -> None:
+    """Every CPU of the cluster is free again: no actor of the loader is left."""
+    import ray
+
+    deadline = time.monotonic() + within
+    total = ray.cluster_resources().get("CPU", 0)
+    while ray.available_resources().get("CPU", 0) < total:
+        if time.monotonic() > deadline:
+            raise Failed(f"Ray actors left: {ray.available_resources()} of {total} CPUs free")
+        time.sleep(0.5)
 
 
 def _check_flat(name: str, samples: list) -> None:
@@ -297,11 +323,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--phases", default=",".join(p["name"] for p in PHASES))
     ap.add_argument("--json", default=None, help="write the report here too")
+    ap.add_argument("--ray-address", default=None,
+                    help="a Ray cluster on this machine: adds the phase with Ray actors")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     chosen = [p for p in PHASES if p["name"] in args.phases.split(",")]
+    if args.ray_address:
+        import ray
+
+        ray.init(address=args.ray_address, logging_level="error", log_to_driver=False)
+        # first: the Ray driver opens its channels and threads with its first actors, and
+        # what is left at the end is counted from after that phase's first turn
+        chosen.insert(0, dict(RAY_PHASE, address=args.ray_address))
     report = {"seed": seed, "seconds": args.seconds, "epochs": 0, "batches": 0, "deaths": 0,
               "skipped": 0, "phases": {}, "ok": False}
     before = {"fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count()}
@@ -316,6 +351,9 @@ def main(argv=None) -> int:
             spec = chosen[k % len(chosen)]
             run_phase(spec, killer, min(end, time.monotonic() + slice_s), rng, args.samples,
                       report)
+            if k == 0 and spec.get("ray"):
+                before = {"fds": len(os.listdir("/proc/self/fd")),
+                          "threads": threading.active_count()}
             k += 1
             if time.monotonic() >= end and k >= len(chosen):
                 break
