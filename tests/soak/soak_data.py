@@ -74,10 +74,3 @@ class Recorded(Sampler):
         self.orders.append(order)
         return iter(order)
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
