@@ -7,8 +7,9 @@
 # waits on it forever (fixed in LLVM's compiler-rt by llvm/llvm-project#75290, after GCC 12).
 # Once in eight CI runs a loader's workers hung so in test_compat. tests/sanitize_watch.py runs
 # pytest and, when it stalls, looks where every process waits: a wait made from inside
-# libasan's own code is that deadlock and the run goes again, once; any other hang fails it,
-# with every process's stacks in the log.
+# libasan's own code is that deadlock and the run goes again (three runs in all); any other
+# hang fails it, with every process's stacks in the log. tests/sanitize_fork_stress.py
+# reproduces the deadlock in seconds (the child waits in SizeClassAllocator64's region lock).
 #
 # The instrumented module goes into a copy of the package (build/asan-py/pkg), never into
 # python/stoker, so nothing else can import it by accident. ASan's runtime is preloaded into

@@ -13,8 +13,9 @@ examined: its threads' current system calls (/proc/PID/task/TID/syscall: the cal
 user-space program counter) and, when py-spy is installed, its native and Python stacks, all
 written to LOG. A hang whose waiting threads make their system call from inside libasan's own
 code (its internal mutexes wait in futex or sched_yield there; the glibc functions a program
-calls are elsewhere) is that libasan bug: the run is started again, once. Any other hang, a
-stoker bug included, fails the run with the stacks. Exit status: the command's, or 124.
+calls are elsewhere) is that libasan bug: the run is started again (three runs in all). Any
+other hang, a stoker bug included, fails the run with the stacks. Exit status: the command's,
+or 124. tests/sanitize_fork_stress.py reproduces the deadlock in seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import time
 # x86-64 numbers; restart_syscall: a wait interrupted (by a ptrace stop, py-spy's) goes on as it
 FUTEX, SCHED_YIELD, NANOSLEEP, RESTART, CLOCK_NANOSLEEP = 202, 24, 35, 219, 230
 WAITS = {FUTEX, SCHED_YIELD, NANOSLEEP, RESTART, CLOCK_NANOSLEEP}
+# Runs in all: once in eight CI runs hung so, and each run is independent.
+ATTEMPTS = 3
 
 
 def session_pids(sid: int) -> list[int]:
@@ -137,13 +140,14 @@ def main(argv: list[str]) -> int:
     log_path, stall_s = argv[0], float(argv[1])
     cmd = argv[argv.index("--") + 1:]
     with open(log_path, "ab") as log:
-        for attempt in (1, 2):
+        for attempt in range(1, ATTEMPTS + 1):
             status, hang = run_once(cmd, log, stall_s)
             if hang != "libasan":
                 return status
             msg = ("sanitize_watch: the run hung in libasan's fork deadlock (GCC 12's libasan "
                    "has no fork handler; llvm/llvm-project#75290), not in stoker: "
-                   + ("running it again\n" if attempt == 1 else "twice in a row: failing\n"))
+                   + ("running it again\n" if attempt < ATTEMPTS
+                      else f"{ATTEMPTS} times in a row: failing\n"))
             log.write(msg.encode())
             log.flush()
             print(msg, end="", file=sys.stderr)
