@@ -56,6 +56,7 @@ PYTHONPATH="$PWD/$B/pkg:$PWD/tests" \
 LD_PRELOAD="$libasan $libubsan" \
 ASAN_OPTIONS="detect_leaks=0:handle_segv=0:handle_sigbus=0:handle_abort=0:log_path=$logs/asan" \
 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+STOKER_TEST_TIMEOUT_S=0 \
   "$VENV/bin/python" tests/sanitize_watch.py "$B/pytest.log" "${SANITIZE_STALL_S:-240}" -- \
     "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider \
     ${SANITIZE_TESTS:-tests/test_values.py tests/test_compat.py tests/test_fidelity.py \

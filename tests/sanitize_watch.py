@@ -48,6 +48,24 @@ def session_pids(sid: int) -> list[int]:
     return sorted(out)
 
 
+def descendants(root: int) -> list[int]:
+    """`root`'s children, theirs, and so on (a scenario a test starts in a session of its own
+    is one of them)."""
+    parent = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    parent[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, frontier = set(), {root}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier and p not in out}
+        out |= frontier
+    return sorted(out)
+
+
 def _mappings(pid: int) -> list[tuple[int, int, str]]:
     out = []
     with open(f"/proc/{pid}/maps") as f:
@@ -116,7 +134,7 @@ def run_once(cmd: list[str], log, stall_s: float) -> tuple[int, str | None]:
             continue
         if time.monotonic() - last < stall_s:
             continue
-        pids = session_pids(proc.pid)
+        pids = sorted(set(session_pids(proc.pid)) | set(descendants(proc.pid)))
         report = [f"\nsanitize_watch: no output for {stall_s:.0f} s; the processes:"]
         asan = []
         waits = {p: waits_in_libasan(p) for p in pids}  # before py-spy stops them
@@ -130,6 +148,11 @@ def run_once(cmd: list[str], log, stall_s: float) -> tuple[int, str | None]:
         report.append(f"sanitize_watch: {where}: {asan or pids}")
         log.write(("\n".join(report) + "\n").encode())
         log.flush()
+        for p in pids:  # its session, and what it started in sessions of their own
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return 124, kind

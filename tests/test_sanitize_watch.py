@@ -58,3 +58,18 @@ def test_a_hang_inside_libasan_is_run_again(tmp_path, monkeypatch):
     assert status == 124, text
     assert text.count("hung inside libasan") == 2 and "running it again" in text, text
     assert "2 times in a row: failing" in text
+
+
+@pytest.mark.skipif(_libasan() is None, reason="no libasan (gcc's ASan runtime) here")
+def test_a_hang_in_a_process_of_its_own_session_is_found(tmp_path, monkeypatch):
+    """A scenario a test starts in a session of its own (conftest.run_scenario) is examined
+    too: the watch looks at the command's descendants, not only its session."""
+    monkeypatch.setenv("LD_PRELOAD", _libasan())
+    monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=0:sleep_before_dying=60")
+    monkeypatch.setattr(sanitize_watch, "ATTEMPTS", 1)
+    log = tmp_path / "log"
+    inner = (f"import subprocess, sys; subprocess.run([sys.executable, '-c', {IN_ASAN!r}], "
+             "start_new_session=True)")
+    status = sanitize_watch.main([str(log), "3", "--", sys.executable, "-c", inner])
+    text = log.read_text()
+    assert status == 124 and "hung inside libasan" in text, text
