@@ -27,11 +27,17 @@ def _seen(use_torch: bool) -> dict:
         enable = sys.modules.get("stoker.integrations.enable")
         out["enabled"] = enable is not None and enable.is_enabled()
         out["hook_file"] = getattr(sys.modules.get(HOOK), "__file__", None)
+        # stoker's files are those of its package: not a path fragment, which a checkout
+        # in a folder named "stoker" puts in torch's own paths too
+        # (a child that cannot find stoker has none: then no module is stoker's)
+        top = getattr(sys.modules.get("stoker"), "__file__", None)
+        package = os.path.dirname(os.path.realpath(top)) + os.sep if top else None
         modules: dict[str, set] = {}
-        for m in list(sys.modules.values()):
+        for name, m in list(sys.modules.items()):
             f = getattr(m, "__file__", None) or ""
-            if os.sep + "stoker" + os.sep in f:
-                modules.setdefault(os.path.realpath(f), set()).add(id(m))
+            real = os.path.realpath(f) if f else ""
+            if name == "stoker" or name.startswith("stoker.") or (package and real.startswith(package)):
+                modules.setdefault(real, set()).add(id(m))
         out["twice"] = sorted(f for f, ids in modules.items() if len(ids) > 1)
     return out
 
