@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import time
 
@@ -84,6 +85,14 @@ def worker_killed_by_signal(signame):
         assert e.pid and str(e.pid) in str(e), str(e)
         assert "worker" in str(e) and signame in str(e), str(e)
         assert e.worker_id in (0, 1)
+        # stoker's words first (the line a person and a log search see), torch's after them,
+        # still found by torch's own pattern; the type stays a RuntimeError, as torch's
+        first = str(e).splitlines()[0]
+        assert first.startswith(f"DataLoader worker {e.worker_id} (pid {e.pid}) was killed by "
+                                f"signal {signame}"), first
+        assert "dataset index 9" in first or signame == "SIGKILL", first
+        assert re.search(rf"DataLoader worker \(pid {e.pid}\) is killed by signal: ", str(e))
+        assert isinstance(e, RuntimeError)
         print("OK")
 
 
@@ -95,6 +104,10 @@ def worker_exit_code():
     except stoker.WorkerCrashed as e:
         assert e.exit_code == 3 and e.signal is None, (e.exit_code, e.signal)
         assert "exited with code 3" in str(e), str(e)
+        first = str(e).splitlines()[0]
+        assert first == (f"DataLoader worker {e.worker_id} (pid {e.pid}) exited with code 3 "
+                         "while loading dataset index 5."), first
+        assert re.search(r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly", str(e))
         print("OK")
 
 

@@ -18,12 +18,13 @@ log = logging.getLogger("stoker")
 
 
 def _torch_words(ex) -> str:
-    """torch's own first line for this death, so logs and code that match torch's message
-    (its test-suite does) still match; stoker's diagnosis follows on the next lines."""
+    """torch's own line for this death, after stoker's diagnosis: logs and code that search for
+    torch's message (its test-suite does) still find it, while the first line, the one a person
+    and a log search see, is stoker's (worker id, signal or exit code, dataset index)."""
     if ex.signum:
-        return (f"DataLoader worker (pid {ex.pid}) is killed by signal: "
-                f"{signal.strsignal(ex.signum)}.")
-    return f"DataLoader worker (pid(s) {ex.pid}) exited unexpectedly."
+        return (f"(torch's words: DataLoader worker (pid {ex.pid}) is killed by signal: "
+                f"{signal.strsignal(ex.signum)}.)")
+    return f"(torch's words: DataLoader worker (pid(s) {ex.pid}) exited unexpectedly.)"
 
 
 class Recovery:
@@ -56,7 +57,7 @@ class Recovery:
                       starting=not ex.started)
         st.deaths.append(death)
         board.add("deaths")
-        head = f"{_torch_words(ex)}\nstoker: worker {ex.worker} (pid {ex.pid}) {ex.explanation}"
+        head = f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.explanation}\n{_torch_words(ex)}"
         if ex.start_failed and ex.started:  # the placement cannot start it again (node pool)
             raise crashed(death, indices, f"{head}\nA new worker would fail the same way: it "
                           "is not restarted.")
