@@ -57,10 +57,14 @@ def test_top_finds_a_running_loader_and_its_workers():
         ld = loaders[0]
         assert [w["pid"] for w in ld["workers"]] == pids
         assert ld["batches_yielded"] > 0 and ld["num_workers"] == 2
+        # what is true of a loader nothing tunes: both workers take tasks, each 2 deep
+        assert (ld["active_workers"], ld["prefetch_factor"]) == (2, 2), ld
+        assert ld["tuned"] == {"workers": False, "prefetch_factor": False}, ld
         assert all(w["samples"] > 0 for w in ld["workers"])
         text = subprocess.run([sys.executable, "-m", "stoker", "top", str(proc.pid), "--once"],
                               capture_output=True, text=True, timeout=60).stdout
         assert f"PID {proc.pid}" in text and str(pids[0]) in text and "samples/s" in text
+        assert "workers 2/2  prefetch 2  " in text and "(auto)" not in text, text
     finally:
         proc.kill()
         proc.wait()

@@ -31,6 +31,8 @@ from .engine.board import (
     STATUS_FIELDS,
     STATUS_MAGIC,
     STATUS_NAME,
+    TUNED_DEPTH,
+    TUNED_WORKERS,
 )
 
 
@@ -104,14 +106,19 @@ def snapshot() -> list[dict]:
                 continue
             b = dict(zip(FIELDS, (int(x) for x in v)))
             elapsed = (now - b["started_ns"]) / 1e9 if b["started_ns"] else 0.0
+            tuned = b.get("tuned", 0)
             loaders.append({
                 "pid": int(pid), "command": _cmdline(pid)[:120], "served_by": served_by,
                 "epoch": b["epoch"],
                 "num_workers": b["num_workers"],
-                # num_workers="auto": how many take tasks now (0: all, not tuned)
-                "active_workers": b.get("active_workers", 0), "batches_yielded": b["batches_yielded"],
-                # prefetch_factor="auto": the depth now (0: not tuned)
-                "prefetch_factor": b.get("prefetch_factor", 0),
+                # workers taking tasks now (fewer under num_workers="auto"); a board of
+                # version 1 wrote 0 for "all of them"
+                "active_workers": b.get("active_workers") or b["num_workers"],
+                "batches_yielded": b["batches_yielded"],
+                # each worker's queue depth now; None where there is not one (a node pool)
+                "prefetch_factor": b.get("prefetch_factor") or None,
+                "tuned": {"workers": bool(tuned & TUNED_WORKERS),
+                          "prefetch_factor": bool(tuned & TUNED_DEPTH)},
                 "data_stall": (b["waited_ns"] / 1e9 / elapsed) if elapsed > 0 else 0.0,
                 "deaths": b["deaths"], "restarts": b["restarts"], "skipped": b["skipped"],
                 "workers": sorted(workers_by_token.get(b["token"], []), key=lambda w: w["id"]),
@@ -144,9 +151,10 @@ def render(loaders, previous, dt, only_pid=None) -> str:
             f"PID {ld['pid']}  {ld.get('served_by', '')}  epoch {ld['epoch']}  batches {ld['batches_yielded']}  "
             f"data stall {100 * ld['data_stall']:.0f}%  deaths {ld['deaths']}  "
             f"restarts {ld['restarts']}  skipped {ld['skipped']}"
-            + (f"  workers {ld['active_workers']}/{ld['num_workers']} (auto)"
-               if ld.get("active_workers") else "")
-            + (f"  prefetch {ld['prefetch_factor']} (auto)" if ld.get("prefetch_factor") else "")
+            + f"  workers {ld['active_workers']}/{ld['num_workers']}"
+            + (" (auto)" if ld["tuned"]["workers"] else "")
+            + (f"  prefetch {ld['prefetch_factor']}" if ld["prefetch_factor"] else "")
+            + (" (auto)" if ld["tuned"]["prefetch_factor"] else "")
             + f"  {ld['command']}")
         lines.append(f"  {'worker':>6} {'pid':>8} {'samples/s':>10} {'state':>10} {'index':>10} "
                      f"{'for s':>6} {'load%':>6} {'coll%':>6} {'enc%':>5} {'idle%':>6} "

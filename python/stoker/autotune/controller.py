@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .. import _system
+from ..engine.board import TUNED_DEPTH, TUNED_WORKERS
 from . import memory
 from .measure import Measure
 from .tuner import Tuner
@@ -78,6 +79,8 @@ class Controller:
             board.set("prefetch_factor", t.depth)
         if tune_workers:
             board.set("active_workers", t.active)
+        board.set("tuned", (TUNED_WORKERS if tune_workers else 0)
+                  | (TUNED_DEPTH if t.depth is not None else 0))
         self._keep()
         # the CPUs it judges "a core is free" against: this rank's share of the machine
         self.measure = Measure(stats, workers, _system.rank_cpus())

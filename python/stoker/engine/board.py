@@ -27,9 +27,11 @@ MAGIC = 0x424F415244535450  # "BOARDSTP"
 # Board fields (int64 each).
 FIELDS = ("magic", "version", "token", "main_pid", "num_workers", "epoch", "batches_yielded",
           "waited_ns", "started_ns", "deaths", "skipped", "restarts",
-          "active_workers",  # workers taking tasks under num_workers="auto"; 0: all
-          "prefetch_factor")  # the depth under prefetch_factor="auto"; 0: not tuned
+          "active_workers",  # workers taking tasks now (tuned under num_workers="auto")
+          "prefetch_factor",  # each worker's queue depth now; 0: not one depth (a node pool)
+          "tuned")  # TUNED_WORKERS | TUNED_DEPTH: what the autotuner moves
 F = {name: i for i, name in enumerate(FIELDS)}
+TUNED_WORKERS, TUNED_DEPTH = 1, 2
 
 # Worker status page (worker_status.h, WorkerStatusPage), uint64 each: names, order, magic and
 # state names come from the C++ definitions through the extension.
@@ -42,19 +44,22 @@ NO_INDEX = _stoker.NO_INDEX
 class Board:
     """Written by the main process only."""
 
-    def __init__(self, num_workers: int, label: str = ""):
+    def __init__(self, num_workers: int, label: str = "", prefetch_factor: int = 0):
         """`label` (who serves the loader, e.g. "stoker.enable() DataLoaderShard") follows the
-        name of the memfd, where ``stoker top`` reads it."""
+        name of the memfd, where ``stoker top`` reads it; `prefetch_factor`: each worker's
+        queue depth (0 where there is not one, as in a node pool serving many ranks)."""
         self.token = secrets.randbits(62)
         name = f"{BOARD_NAME}:{label}"[:200] if label else BOARD_NAME
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         os.ftruncate(self.fd, mmap.PAGESIZE)
         self.v = _stoker.map_shared(self.fd, len(FIELDS))
         self.v[:] = 0
-        self.v[F["version"]] = 1
+        self.v[F["version"]] = 2  # 2: active_workers and prefetch_factor always set, tuned
         self.v[F["token"]] = self.token
         self.v[F["main_pid"]] = os.getpid()
         self.v[F["num_workers"]] = num_workers
+        self.v[F["active_workers"]] = num_workers
+        self.v[F["prefetch_factor"]] = prefetch_factor
         self.v[F["magic"]] = MAGIC
         fdpass.track(self.fd)  # a forked worker closes it
 

@@ -99,7 +99,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         n = self._num_workers
         cls = type(loader).__qualname__
         self._board = Board(n, served_by if cls == "DataLoader" and served_by ==
-                            "stoker.DataLoader" else f"{served_by} {cls}")
+                            "stoker.DataLoader" else f"{served_by} {cls}",
+                            prefetch_factor=self._prefetch_factor)
         self.workers = workers_for(options.placement, context_for(loader), n, self._board.token,
                                    stream=self._kind == ITERABLE)
         self._watch = HangWatch(self.workers)
