@@ -105,6 +105,8 @@ def test_enable_serves_torch_loaders_made_before_and_after_of_any_subclass():
         assert flat == [0, 1, 4, 16, 25, 36, 49]  # index 3 skipped: the option applies
         st = stoker.stats(dl)
         assert st["served_by"] == "stoker.enable()" and st["skipped"][0]["index"] == 3
+        # a torch loader has no .skipped: stoker.skipped(loader) is where its skips are
+        assert [s.index for s in stoker.skipped(dl)] == [3] and stoker.deaths(dl) == []
     # num_workers=0 stays torch's (and so does its error)
     assert type(iter(DataLoader(Squares(), num_workers=0))).__name__ == \
         "_SingleProcessDataLoaderIter"

@@ -43,8 +43,10 @@ _compat.register()  # loaders pickled by stoker 0.1 name modules that are gone (
 
 __all__ = [
     "BatchEncodingError",
+    "deaths",
     "disable",
     "enable",
+    "skipped",
     "stats",
     "CollateError",
     "CorruptBatchError",
@@ -86,6 +88,23 @@ def stats(loader) -> dict:
     from .iterators.stats import loader_stats
 
     return loader_stats(loader)
+
+
+def skipped(loader) -> list:
+    """``loader.skipped`` of any DataLoader stoker served: a torch one under ``enable()`` or
+    ``stoker run`` has no such attribute, so this is where its skipped samples are (``.index``,
+    ``.reason``, ``.epoch``)."""
+    from .config.records import records_of
+
+    return records_of(loader).skipped
+
+
+def deaths(loader) -> list:
+    """``loader.deaths`` of any DataLoader stoker served (a torch one under ``enable()`` or
+    ``stoker run`` too): every worker death so far."""
+    from .config.records import records_of
+
+    return records_of(loader).deaths
 
 
 def _import_loader():
