@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -28,6 +30,9 @@ def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None,
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = HERE + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env["PYTHONFAULTHANDLER"] = "1"
+    # what the scenario puts in the temp directory (its marks folders, say) is removed with it
+    temp = tempfile.mkdtemp(prefix="stoker-scenario-")
+    full_env["TMPDIR"] = temp
     if env:
         full_env.update(env)
     cmd = scenario_command(name, *args, kwargs=kwargs)
@@ -41,6 +46,25 @@ def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None,
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"scenario {name} hung for {timeout}s\nstdout:\n{e.stdout}\n"
                     f"stderr:\n{e.stderr}")
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _stoker_temp_entries() -> set:
+    try:
+        return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("stoker-")}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def _leaves_no_temp_folder():
+    """Every test leaves the temp directory as it found it: no stoker-* folder of its own (a
+    Ray node's temp dir, a mount namespace's stash, a scenario's) outlives it."""
+    before = _stoker_temp_entries()
+    yield
+    left = sorted(_stoker_temp_entries() - before)
+    assert not left, f"the test left {left} in {tempfile.gettempdir()}"
 
 
 @pytest.fixture

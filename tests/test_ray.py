@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -30,11 +31,18 @@ def _ray_installed() -> bool:
                     reason="the Ray tests start their cluster in a loopback-only network "
                            "namespace: they need `unshare` and root")
 def test_ray_placement_on_a_loopback_cluster():
+    temp = tempfile.mkdtemp(prefix="stoker-ray-")  # the nodes' --temp-dir folders go here
     env = dict(os.environ, STOKER_RAY_NETNS="1", RAY_USAGE_STATS_ENABLED="0",
+               STOKER_RAY_TEMP=temp,
                PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -x -p no:cacheprovider "
              f"{os.path.join(HERE, 'ray')}")
-    r = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c",
-                        inner], cwd=HERE, env=env, capture_output=True, text=True, timeout=900)
+    try:
+        r = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c",
+                            inner], cwd=HERE, env=env, capture_output=True, text=True,
+                           timeout=900)
+    finally:  # the namespace is gone, and every daemon of it: nothing writes there any more
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not os.path.exists(temp)
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-4000:]
     assert " passed" in r.stdout, r.stdout[-2000:]

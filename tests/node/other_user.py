@@ -37,14 +37,15 @@ def _blocked(path: str):
     return None
 
 
-def open_the_way(paths) -> None:
+def open_the_way(paths, stash_dir: str) -> None:
     for _ in range(16):
         found = {b for b in map(_blocked, paths) if b}
         if not found:
             return
         d = min(found)[0]
         entries = sorted({entry for dd, entry in found if dd == d})
-        stash = tempfile.mkdtemp(prefix="stoker-way-")
+        # inside the test's own folder (removed after it), not loose in the temp directory
+        stash = tempfile.mkdtemp(prefix="way-", dir=stash_dir)
         subprocess.run(["mount", "--bind", d, stash], check=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "none", d], check=True)
         for entry in entries:
@@ -73,7 +74,7 @@ def main():
     out, port = sys.argv[1], int(sys.argv[2])
     pythonpath = os.environ.get("PYTHONPATH", "")
     open_the_way([sys.executable, sys.base_prefix, sys.prefix,
-                  os.path.dirname(stoker.__file__), HERE, out])
+                  os.path.dirname(stoker.__file__), HERE, out], out)
     rank = [sys.executable, os.path.join(HERE, "rank.py")]
     holder = subprocess.Popen(rank + ["hold", os.path.join(out, "root"), "node"],
                               env=_env(port, pythonpath), cwd=out,

@@ -32,7 +32,9 @@ ADDRESS = f"127.0.0.1:{PORT}"
 
 class Node:
     def __init__(self, cpus: int, head: bool = False):
-        self.temp = tempfile.mkdtemp(prefix="stoker-ray-")
+        # under the folder tests/test_ray.py made (and removes once the namespace, and with it
+        # every Ray daemon writing here, has ended), so no run leaves a temp folder behind
+        self.temp = tempfile.mkdtemp(prefix="n", dir=os.environ.get("STOKER_RAY_TEMP"))
         cmd = [os.path.join(BIN, "ray"), "start", "--num-cpus", str(cpus), "--node-ip-address",
                "127.0.0.1", "--temp-dir", self.temp, "--disable-usage-stats"]
         if head:
