@@ -14,6 +14,17 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# The suite's own temp directory, for it and every process it starts, removed at its end: what a
+# test leaves there is seen by the fixture below, whatever else on the machine uses /tmp (another
+# checkout's suite), and nothing is left in /tmp after the run.
+SESSION_TEMP = tempfile.mkdtemp(prefix="stoker-tests-")
+os.environ["TMPDIR"] = SESSION_TEMP
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_TEMP, ignore_errors=True)
+
 
 def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:
     """The command line that runs scenario `name` with JSON-able `args` and `kwargs` (for a

@@ -31,7 +31,9 @@ def _ray_installed() -> bool:
                     reason="the Ray tests start their cluster in a loopback-only network "
                            "namespace: they need `unshare` and root")
 def test_ray_placement_on_a_loopback_cluster():
-    temp = tempfile.mkdtemp(prefix="stoker-ray-")  # the nodes' --temp-dir folders go here
+    # the nodes' --temp-dir folders go here: a short path in /tmp, since Ray's socket paths
+    # under it must fit in 107 bytes
+    temp = tempfile.mkdtemp(prefix="stoker-ray-", dir="/tmp")
     env = dict(os.environ, STOKER_RAY_NETNS="1", RAY_USAGE_STATS_ENABLED="0",
                STOKER_RAY_TEMP=temp,
                PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))

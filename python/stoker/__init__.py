@@ -33,7 +33,7 @@ from ._errors import (
     WorkerError,
     WorkerHung,
 )
-from ._info import get_worker_info
+from ._info import get_worker_info, sample_seed
 from ._shared_list import SharedList
 from .config.placement import Node, Ray
 
@@ -61,6 +61,7 @@ __all__ = [
     "WorkerError",
     "WorkerHung",
     "get_worker_info",
+    "sample_seed",
 ]
 
 

@@ -5,6 +5,7 @@ Set once in each worker process, before the dataset runs; read from any thread.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,3 +37,22 @@ def get_worker_info():
     """In a worker: its id, num_workers, seed and its copy of the dataset. None in the main
     process. ``torch.utils.data.get_worker_info()`` returns the same object."""
     return _worker_info
+
+
+_sample = threading.local()  # the seed of the sample this thread loads (seed="per_sample")
+
+
+def set_sample_seed(seed) -> None:
+    _sample.seed = seed
+
+
+def sample_seed():
+    """Under ``seed="per_sample"``, the seed of the sample this thread is loading (from the base
+    seed, the epoch and its index; the same whoever loads it, on whichever thread), else None.
+    With ``threads_per_worker`` above 1 the global generators are shared by the loading threads,
+    so draws from them are not reproducible; a generator made from this seed is::
+
+        g = torch.Generator().manual_seed(stoker.sample_seed())
+        rng = numpy.random.default_rng(stoker.sample_seed())
+    """
+    return getattr(_sample, "seed", None)

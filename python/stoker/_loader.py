@@ -55,6 +55,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         on_error="raise",
         max_retries=3,
         quarantine_after=2,
+        threads_per_worker=1,
         hang_timeout=None,
         stall_notice=0.5,
         max_shared_memory="auto",
@@ -78,7 +79,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         options = Options(
             on_worker_death=on_worker_death, max_restarts=max_restarts, on_error=on_error,
             max_retries=max_retries, quarantine_after=quarantine_after,
-            hang_timeout=hang_timeout, stall_notice=stall_notice,
+            threads_per_worker=threads_per_worker, hang_timeout=hang_timeout, stall_notice=stall_notice,
             max_shared_memory=max_shared_memory, seed=seed, autotune=autotune,
             autotune_prefetch=autotune_prefetch, placement=placement, ray_address=ray_address,
             device=device)

@@ -119,6 +119,19 @@ def _device(v):
     return "must be None, \"cuda\", \"cuda:N\" or torch.device(\"cuda\", N)"
 
 
+MAX_THREADS_PER_WORKER = 256
+
+
+def _threads(v):
+    if v == "auto" or (_is_int(v) and 1 <= v <= MAX_THREADS_PER_WORKER):
+        return None
+    return f"must be an int in [1, {MAX_THREADS_PER_WORKER}] or 'auto'"
+
+
+def _text_threads(t):
+    return t if t == "auto" else int(t)
+
+
 def _str_or_none(v):
     return None if v is None or isinstance(v, str) else "must be None or a str"
 
@@ -151,6 +164,10 @@ class Options:
     quarantine_after: int = _option(
         2, _int_at_least(1), _text_int,
         "deaths while loading one index that make it poison")
+    threads_per_worker: int | str = _option(
+        1, _threads, _text_threads,
+        "samples each worker loads at once (threads, or an async dataset's coroutines); "
+        "\"auto\": raised while the worker waits rather than computes")
     hang_timeout: float | None = _option(
         None, _positive_seconds, _text_float,
         "seconds one sample may take before its worker is killed and handled as a death")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 
+from .. import _info
 from .._indices import mix, seed_key
 
 MODES = (None, "per_sample")
@@ -114,6 +115,7 @@ class SampleSeeder:
             self._bind()
         key = index if stream_pos is None else ("stream", self.worker_id, stream_pos)
         s = sample_seed(self.base_seed, self.epoch, key)
+        _info.set_sample_seed(s)  # this thread's (stoker.sample_seed(): threads' own draws)
         random.seed(s)
         if self._np_seed:
             self._np_seed(s & 0xFFFF_FFFF)  # NumPy's legacy seeding takes 32 bits

@@ -10,6 +10,7 @@ thread that loads with it.
 
 from __future__ import annotations
 
+from . import inflight
 from .protocol import safe_str
 
 MAP, ITERABLE = 0, 1
@@ -31,8 +32,19 @@ class Fetcher:
     counts the items drawn from the stream (from `stream_pos` on, after a restored state)."""
 
     def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
-                 max_retries=3, on_sample=None, stream_pos: int = 0):
+                 max_retries=3, on_sample=None, stream_pos: int = 0, threads=1,
+                 on_batch=None, width=None):
+        """`threads`: ``threads_per_worker`` (an int or "auto"): a map-style batch's samples
+        load at once (inflight.py), and an async dataset's coroutines are awaited; then
+        `on_sample(index, position, None)` is called from the loading threads, and
+        `on_batch(index)` once before them, from this thread; `width`: the ``inflight.Width``
+        an earlier fetcher of this worker tuned (kept across epochs)."""
         self.kind = kind
+        self.inflight = inflight.InFlight(dataset, threads, width) if kind == MAP else None
+        self.on_batch = on_batch
+        self.serial = False  # the next batch loads one sample at a time (see InFlight.map)
+        # samples of a batch are loading at once now: no one of them is "the" sample loading
+        self.at_once = False
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.drop_last = drop_last
@@ -89,15 +101,18 @@ class Fetcher:
 
     def _fetch_map(self, index):
         ds = self.dataset
+        fl = self.inflight
         if not self.auto_collation:
             self._begin(index, 0)
-            ok, sample = self._one(lambda: ds[index], index)
+            ok, sample = self._one(lambda: inflight.resolve(ds[index], fl), index)
             if not ok:
                 raise AllSkipped()
             return sample
         getitems = getattr(ds, "__getitems__", None)
         if getitems:
             self._begin(index)
+            if fl.is_async:
+                return self._getitems_async(getitems, index)
             if self.on_error == "raise":
                 return getitems(index)
             try:
@@ -110,6 +125,8 @@ class Fetcher:
                 ok, sample = self._one(lambda i=i: getitems([i])[0], i)
                 if ok:
                     data.append(sample)
+        elif fl.concurrent and (len(index) > 1 or fl.is_async):
+            data = self._fetch_at_once(index)
         else:
             data = []
             for pos, i in enumerate(index):
@@ -121,6 +138,90 @@ class Fetcher:
         if not data:
             raise AllSkipped()
         return data
+
+    def _fetch_at_once(self, index):
+        """A batch's samples loaded at once (threads or coroutines), then each outcome under the
+        policy in sampler order: the first failure (in that order) is the one raised, a retry
+        loads that sample again on its own, a skip is recorded in order."""
+        ds, fl = self.dataset, self.inflight
+        serial, self.serial = self.serial, False
+        if self.on_batch is not None:
+            self.on_batch(index)
+        on_sample = self.on_sample
+
+        def load(item):
+            pos, i = item
+            if on_sample is not None:
+                on_sample(i, pos, None)
+            return ds[i]
+
+        progress = (lambda: self.on_batch(index)) if self.on_batch is not None else None
+        self.at_once = not serial
+        try:
+            outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress)
+        finally:
+            self.at_once = False
+        data = []
+        for (pos, i), (ok, sample, error) in zip(enumerate(index), outcomes):
+            if not ok:
+                self.current = i
+                ok, sample = self._after_failure(error, lambda item=(pos, i): self._again(load, item),
+                                                 i)
+            if ok:
+                data.append(sample)
+        return data
+
+    def _again(self, load, item):
+        ok, value, error = self.inflight.map(load, [item], serial=True)[0]
+        if not ok:
+            raise error
+        return value
+
+    def _after_failure(self, error, load, index):
+        """What the policy makes of a sample whose first attempt raised `error`: (ok, sample);
+        `load()` tries it again."""
+        if self.on_error == "retry" and self.max_retries > 0:
+            attempts, failure = 1, error
+            while True:
+                try:
+                    return True, load()
+                except Exception as e:
+                    failure = e
+                    if attempts >= self.max_retries:
+                        break
+                    attempts += 1
+            error = failure
+        if self.on_error == "skip":
+            self.skipped.append((index, _reason(error)))
+            return False, None
+        raise error
+
+    def _getitems_async(self, getitems, index):
+        """An ``async def __getitems__``: one coroutine for the batch, awaited on the worker's
+        loop; under a policy other than "raise", a failure is looked for sample by sample."""
+        fl = self.inflight
+
+        def batch(idx):
+            return inflight.resolve(getitems(idx), fl)
+
+        if self.on_error == "raise":
+            return batch(index)
+        try:
+            return batch(index)
+        except Exception:
+            pass
+        data = []
+        for pos, i in enumerate(index):
+            self._begin(i, pos)
+            ok, sample = self._one(lambda i=i: batch([i])[0], i)
+            if ok:
+                data.append(sample)
+        return data
+
+    def close(self) -> None:
+        """Ends what loads samples at once (its threads, its event loop)."""
+        if self.inflight is not None:
+            self.inflight.close()
 
     def _fetch_iterable(self, index):
         if self.ended:

@@ -17,6 +17,7 @@ Thread contract: a loop runs on one thread of its worker, the one that runs the 
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -72,6 +73,11 @@ class WorkerConfig:
     # sys.path, working directory, main module), for a worker started by another process:
     # the node pool's workers load a rank's dataset, whose classes may live in its script.
     prepare: dict | None = None
+    # threads_per_worker: a batch's samples loaded at once (engine/inflight.py); "auto" tunes it
+    threads_per_worker: int | str = 1
+    # tasks to load one sample at a time: re-issued after a death of a worker that had several
+    # samples of them in flight, so that the next death names the sample (supervision.py)
+    serial_tasks: frozenset = frozenset()
 
     @property
     def keeps_rng(self) -> bool:
@@ -104,6 +110,7 @@ class WorkerLoop:
         self.restored_ended = False  # resumed from a state taken after its stream ran out
         self._last_state = None  # the state sent last (an unchanged one is not sent again)
         self._rng = rng_state.Tracker() if config.keeps_rng else None
+        self._thread = threading.get_ident()  # the one that writes the status page
 
     # -- start -----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -137,20 +144,33 @@ class WorkerLoop:
             self.init_error = e
 
     def _on_sample(self, index, position, stream_pos) -> None:
-        self.endpoint.enter(protocol.STATE_FETCHING, self.task, _indices.as_int(index),
-                            -1 if position is None else position)
+        # From the loading threads of threads_per_worker too: the status page has one writer,
+        # this thread, which entered "loading" for the whole batch (_on_batch); they only count.
+        if threading.get_ident() == self._thread and not getattr(self.fetcher, "at_once", False):
+            self.endpoint.enter(protocol.STATE_FETCHING, self.task, _indices.as_int(index),
+                                -1 if position is None else position)
         self.endpoint.add_sample()
         seeder = self.config.seeder
         if seeder is not None:
             seeder(index, position, stream_pos)
+
+    def _on_batch(self, index) -> None:
+        """A batch whose samples load at once: "loading" with no one index (a death or hang
+        then holds the whole batch, which is re-issued one sample at a time to name it)."""
+        self.endpoint.enter(protocol.STATE_FETCHING, self.task, None)
 
     def _new_fetcher(self, states) -> Fetcher:
         c = self.config
         # A resumed (or restarted) worker: its saved state back, in torchdata's order.
         mine = states.get(self.worker_id) if states else None
         stream_state.restore_dataset(self.dataset, mine)
+        width = None
+        if self.fetcher is not None:  # a new epoch: what "auto" learnt carries on
+            self.fetcher.close()
+            width = self.fetcher.inflight.width if self.fetcher.inflight else None
         f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
-                    c.max_retries, self._on_sample, stream_state.position_of(mine))
+                    c.max_retries, self._on_sample, stream_state.position_of(mine),
+                    threads=c.threads_per_worker, on_batch=self._on_batch, width=width)
         if c.kind == ITERABLE:
             stream_state.restore_iterator(self.dataset, f.iterator, mine)
             self.restored_ended = stream_state.ended(mine)
@@ -179,6 +199,9 @@ class WorkerLoop:
             self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
         elif mtype == MSG_TASK and not self.ended:
             self.task = task
+            self._thread = threading.get_ident()  # (an actor may serve on another thread)
+            if self.fetcher is not None:
+                self.fetcher.serial = task in self.config.serial_tasks
             self._run_task(task, protocol.decode_index(fmt, payload))
         return True
 

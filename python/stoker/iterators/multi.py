@@ -168,7 +168,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             collate_mode=self._collate_mode, drop_last=self._drop_last,
             base_seed=self._base_seed, init_fn=self._worker_init_fn, on_error=o.on_error,
             max_retries=o.max_retries, shared_memory_share=self._shm_share,
-            shared_seed=self._shared_seed, seeder=self._seeder, stream_states=stream_states)
+            shared_seed=self._shared_seed, seeder=self._seeder, stream_states=stream_states,
+            threads_per_worker=o.threads_per_worker)
 
     @property
     def _workers(self) -> list:

@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset
 from .. import _torch_compat
 from ..config import seeding
 from ..config.records import SkippedSample, records_of
-from ..engine import stream_state
+from ..engine import inflight, stream_state
 from ..engine.fetch import ITERABLE, MAP, AllSkipped, Fetcher
 from ..gpu.last_mile import last_mile
 from ..resume.cursor import Cursor
@@ -25,7 +25,8 @@ class PolicyFetcher:
     def __init__(self, loader, options, records, seeder=None):
         kind = ITERABLE if isinstance(loader.dataset, IterableDataset) else MAP
         self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
-                               options.on_error, options.max_retries, seeder)
+                               options.on_error, options.max_retries, seeder,
+                               threads=options.threads_per_worker)
         self.collate_fn = loader.collate_fn
         self.records = records
         self.seeding = seeder is not None
@@ -65,7 +66,8 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             super().__init__(loader)
         self._base_seed = self._cursor.base_seed(self._base_seed)
         self._seeder = seeding.seeder_for(options, self._base_seed, 0)
-        if options.on_error != "raise" or self._seeder is not None:
+        if options.on_error != "raise" or self._seeder is not None or \
+                options.threads_per_worker != 1 or inflight.is_async(loader.dataset):
             self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
         self._discard = 0
         # device: batches copied ahead on a side stream (gpu/); torch's iterator pins.

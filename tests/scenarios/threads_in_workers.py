@@ -1,0 +1,223 @@
+"""threads_per_worker: many samples in flight in each worker, with every promise kept (each
+sample once, errors and deaths named with their sample, hangs with their stack)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import tempfile
+import threading
+import time
+
+import torch
+
+import stoker
+from scenario_datasets import KillsOnceAt, KillsSelfAt, RaisesAt, Squares
+from scenarios.probes import children
+
+
+def labels(batches) -> list:
+    return sorted(int(x) for b in batches for x in b[1])
+
+
+class Waits(Squares):
+    """Each sample waits `ms` (a network read); records how many loaded at once."""
+
+    def __init__(self, n=64, ms=20):
+        super().__init__(n)
+        self.ms = ms
+
+    def __getitem__(self, i):
+        time.sleep(self.ms / 1000)
+        return super().__getitem__(i)
+
+
+class AsyncWaits(Squares):
+    def __init__(self, n=64, ms=20):
+        super().__init__(n)
+        self.ms = ms
+
+    async def __getitem__(self, i):
+        await asyncio.sleep(self.ms / 1000)
+        return torch.full(self.shape, float(i)), i
+
+
+class Drawn(Squares):
+    """A random crop-like draw from a generator seeded with stoker.sample_seed()."""
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        g = torch.Generator().manual_seed(stoker.sample_seed())
+        return torch.rand(3, generator=g), i
+
+
+class WaitsThenSegfaults(KillsSelfAt):
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+class WaitsThenKillsOnce(KillsOnceAt):
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+class HangsInAThread(Squares):
+    def __getitem__(self, i):
+        if i == 13:
+            while True:
+                time.sleep(0.05)
+        time.sleep(0.005)
+        return super().__getitem__(i)
+
+
+def every_sample_once_in_order(async_dataset=False):
+    """Threads (and an async dataset's coroutines) give the batches of one thread, in order,
+    in a fraction of the time."""
+    ds = AsyncWaits() if async_dataset else Waits()
+    plain = [b[1].tolist() for b in stoker.DataLoader(Squares(), batch_size=8, num_workers=2)]
+    for threads in (8, "auto"):
+        dl = stoker.DataLoader(ds, batch_size=8, num_workers=2, threads_per_worker=threads)
+        for _ in range(2):
+            got = [b[1].tolist() for b in dl]
+            assert got == plain, (threads, got)
+    # num_workers=0 with threads (and an async dataset) too
+    got = [b[1].tolist() for b in stoker.DataLoader(ds, batch_size=8, threads_per_worker=4)]
+    assert got == plain, got
+    start = time.monotonic()
+    list(stoker.DataLoader(ds, batch_size=16, num_workers=1, threads_per_worker=16))
+    took = time.monotonic() - start
+    # 64 samples of 20 ms: 1.28 s one at a time; 16 at once: 4 rounds (80 ms) plus start-up
+    assert took < 1.0, took
+    print("OK")
+
+
+def bit_identical_under_per_sample_seed():
+    """seed="per_sample" with stoker.sample_seed(): the same bits whatever the threads."""
+    def run(threads, workers):
+        dl = stoker.DataLoader(Drawn(), batch_size=8, num_workers=workers, shuffle=True,
+                               seed="per_sample", threads_per_worker=threads,
+                               generator=torch.Generator().manual_seed(7))
+        return [b[0] for b in dl]
+
+    base = run(1, 2)
+    for threads, workers in ((8, 2), ("auto", 1), (4, 0)):
+        other = run(threads, workers)
+        assert len(other) == len(base)
+        assert all(torch.equal(a, b) for a, b in zip(base, other)), (threads, workers)
+    print("OK")
+
+
+def raising_sample_named(policy):
+    """A sample that raises among many in flight: named with its index under each policy."""
+    dl = stoker.DataLoader(RaisesAt(21), batch_size=8, num_workers=2, threads_per_worker=8,
+                           on_error=policy, max_retries=2)
+    if policy == "skip":
+        got = list(dl)
+        assert labels(got) == [i for i in range(64) if i != 21], labels(got)
+        assert [s.index for s in dl.skipped] == [21], dl.skipped
+        print("OK")
+        return
+    try:
+        list(dl)
+    except ValueError as e:
+        assert "cannot decode sample 21" in str(e) and "21" in str(e), str(e)
+        assert "dataset index 21" in str(e) or getattr(e, "index", None) == 21, str(e)
+        print("OK")
+
+
+def segfault_quarantined():
+    """A sample that segfaults while 7 others of its batch are in flight takes the worker down:
+    the batch is re-issued one sample at a time, the culprit is named and quarantined, every
+    other sample arrives exactly once."""
+    dl = stoker.DataLoader(WaitsThenSegfaults(21, signal.SIGSEGV), batch_size=8, num_workers=2,
+                           threads_per_worker=8, on_error="skip")
+    got = list(dl)
+    assert labels(got) == [i for i in range(64) if i != 21], labels(got)
+    assert [s.index for s in dl.skipped] == [21], dl.skipped
+    assert all(d.signal == "SIGSEGV" for d in dl.deaths), dl.deaths
+    named = [d.index for d in dl.deaths if d.index is not None]
+    assert named and set(named) == {21}, dl.deaths  # no innocent batch-mate is blamed
+    print("OK")
+
+
+def segfault_raises():
+    dl = stoker.DataLoader(WaitsThenSegfaults(21, signal.SIGSEGV), batch_size=8, num_workers=2,
+                           threads_per_worker=8)
+    try:
+        list(dl)
+    except stoker.WorkerCrashed as e:
+        assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
+        assert "dataset index 21" in str(e).splitlines()[0], str(e)
+        print("OK")
+    gc.collect()
+    assert not children(), children()
+
+
+def sigkill_with_many_in_flight():
+    """Workers SIGKILLed (by the dataset, as an OOM kill would) with a whole batch in flight:
+    each sample still arrives exactly once, over two epochs."""
+    with tempfile.TemporaryDirectory() as marks:
+        dl = stoker.DataLoader(WaitsThenKillsOnce(bad=[5, 30, 47], marks=marks, n=64),
+                               batch_size=8, num_workers=2, threads_per_worker=8, shuffle=True,
+                               generator=torch.Generator().manual_seed(1))
+        got = list(dl)
+        assert labels(got) == list(range(64)), labels(got)
+        assert len(dl.deaths) == 3, dl.deaths
+        assert labels(list(dl)) == list(range(64))
+    print("OK")
+
+
+def external_kill_mid_batch():
+    """A worker killed from outside while 16 samples are loading at once."""
+    dl = stoker.DataLoader(Waits(n=256, ms=30), batch_size=16, num_workers=2,
+                           threads_per_worker=16)
+    it = iter(dl)
+    got = [next(it)]
+    victim = it._workers[0].pid
+    killer = threading.Timer(0.01, os.kill, (victim, signal.SIGKILL))
+    killer.start()
+    got += list(it)
+    killer.join()
+    assert labels(got) == list(range(256)), labels(got)
+    assert [d.pid for d in dl.deaths] == [victim], dl.deaths
+    print("OK")
+
+
+def hung_thread_named():
+    """hang_timeout with threads: the stuck sample's stack is in the message."""
+    dl = stoker.DataLoader(HangsInAThread(), batch_size=8, num_workers=2, threads_per_worker=8,
+                           hang_timeout=2.0, on_worker_death="raise")
+    try:
+        list(dl)
+    except stoker.WorkerCrashed as e:
+        msg = str(e)
+        assert "hung for" in msg and "hang_timeout" in msg, msg
+        assert "HangsInAThread" in msg or "threads_in_workers.py" in msg, msg
+        print("OK")
+    gc.collect()
+    assert not children(), children()
+
+
+def resume_mid_epoch_across_threads():
+    """A state_dict taken mid-epoch with 8 threads resumes exactly under 1 thread, and back."""
+    def loader(threads):
+        return stoker.DataLoader(Waits(ms=2), batch_size=4, num_workers=2, shuffle=True,
+                                 threads_per_worker=threads,
+                                 generator=torch.Generator().manual_seed(3))
+
+    full = [b[1].tolist() for b in loader(1)]
+    for before, after in ((8, 1), (1, "auto")):
+        a = loader(before)
+        it = iter(a)
+        head = [next(it)[1].tolist() for _ in range(5)]
+        state = a.state_dict()
+        del it
+        b = loader(after)
+        b.load_state_dict(state)
+        rest = [x[1].tolist() for x in b]
+        assert head + rest == full, (before, after)
+    print("OK")

@@ -1,0 +1,31 @@
+"""threads_per_worker (tests/scenarios/threads_in_workers.py): each scenario in its own process,
+with a hard time bound."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("async_dataset", [False, True])
+def test_every_sample_once_in_order(scenario, async_dataset):
+    r = scenario("threads_in_workers.every_sample_once_in_order", async_dataset, timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_bit_identical_under_per_sample_seed(scenario):
+    r = scenario("threads_in_workers.bit_identical_under_per_sample_seed", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip", "retry"])
+def test_a_raising_sample_is_named(scenario, policy):
+    r = scenario("threads_in_workers.raising_sample_named", policy, timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["segfault_quarantined", "segfault_raises",
+                                  "sigkill_with_many_in_flight", "external_kill_mid_batch",
+                                  "hung_thread_named", "resume_mid_epoch_across_threads"])
+def test_faults_under_threads(scenario, name):
+    r = scenario(f"threads_in_workers.{name}", timeout=180)
+    assert "OK" in r.stdout, r.stdout + r.stderr
