@@ -39,11 +39,18 @@ def test_stats_is_json_and_describes_workers_and_memory():
     assert s["deaths"] == [] and s["skipped"] == []
 
 
-def test_data_stall_notice_names_the_slow_stage(scenario):
-    r = scenario("observability.data_stall_notice", timeout=120)
+@pytest.mark.parametrize("kind", ["waits", "computes"])
+def test_data_stall_notice_names_the_slow_stage(scenario, kind):
+    """Workers that wait (their CPU idle in __getitem__) are told to raise threads_per_worker;
+    workers that compute, to add workers."""
+    r = scenario("observability.data_stall_notice", kind, timeout=120)
     assert "OK" in r.stdout, r.stderr
     assert r.stderr.count("waited for data") == 1, r.stderr
-    assert "__getitem__" in r.stderr and "num_workers" in r.stderr, r.stderr
+    assert "__getitem__" in r.stderr, r.stderr
+    if kind == "waits":
+        assert "Raise threads_per_worker" in r.stderr and "More num_workers" not in r.stderr
+    else:
+        assert "More num_workers" in r.stderr and "threads_per_worker" not in r.stderr
 
 
 def test_top_finds_a_running_loader_and_its_workers():

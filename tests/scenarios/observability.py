@@ -8,15 +8,30 @@ import logging
 import os
 import subprocess
 import sys
+import time
+
+import torch
 
 import stoker
 from scenario_datasets import Slow
 
 
-def data_stall_notice():
-    """A slow dataset makes the loader log, once, that it waited for data (on stderr)."""
+class Computes(Slow):
+    """20 ms of CPU per sample (a decoder in Python)."""
+
+    def __getitem__(self, i):
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(i)), i
+
+
+def data_stall_notice(kind="waits"):
+    """A slow dataset makes the loader log, once, that it waited for data (on stderr): one that
+    waits (sleeps, as on the network) or one that computes."""
     logging.basicConfig(format="%(message)s")
-    loader = stoker.DataLoader(Slow(400), batch_size=2, num_workers=1, stall_notice=0.3)
+    ds = Slow(400) if kind == "waits" else Computes(300)
+    loader = stoker.DataLoader(ds, batch_size=2, num_workers=1, stall_notice=0.3)
     for _ in loader:
         pass
     print("OK")

@@ -179,7 +179,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="num_workers (metadata uses 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of A/B alternation")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
-                    help=f"comma-separated, from {','.join(WORKLOADS)}")
+                    help=f"comma-separated, from {','.join(WORKLOADS)}, and remote (samples "
+                         "over HTTP: torch's 2, 8, 32 workers against stoker's threads and "
+                         "async; not in the default list)")
+    ap.add_argument("--latency-ms", type=float, default=20.0,
+                    help="remote: the object store's latency per request")
     ap.add_argument("--no-peers", action="store_true", help="only stoker and torch")
     ap.add_argument("--start-method", choices=["fork", "spawn", "forkserver"],
                     help="multiprocessing_context for torch and stoker (default: Python's)")
@@ -232,9 +236,19 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
         return 0
     workloads = [w for w in args.workloads.split(",") if w]
-    unknown = [w for w in workloads if w not in WORKLOADS]
+    unknown = [w for w in workloads if w not in WORKLOADS and w != "remote"]
     if unknown:
         ap.error(f"unknown workloads: {unknown}")
+    if "remote" in workloads:
+        from . import remote
+
+        result = remote.main(args.latency_ms, rounds=args.rounds)
+        workloads.remove("remote")
+        if not workloads:
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"remote": result}, f, indent=1)
+            return 0
     loaders = ["torch", "stoker"]
     skipped = []
     if args.placement == "ray":

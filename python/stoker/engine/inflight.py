@@ -7,10 +7,10 @@ same loader builds with one thread; each sample goes through the error policy on
 (``fetch.Fetcher`` decides what a failure means).
 
 ``threads_per_worker="auto"``: ``Width`` picks how many at once from what the batches before
-measured: it doubles the width while a batch's samples got faster per second and the worker's
-CPU time stayed well below its wall time (it waits on the network), and goes back to the best
-width seen when doubling did not pay. A dataset that computes keeps its CPU busy, so "auto"
-leaves it at one thread (threads would only fight over the GIL).
+measured (the second batch at each width): it widens while the samples per second rise and the
+worker's CPU time stays well below its wall time (it waits on the network), and goes back to
+the best width seen when widening did not pay. A dataset that computes keeps its CPU busy, so
+"auto" leaves it at one thread (threads would only fight over the GIL).
 
 Thread contract: ``InFlight`` belongs to the thread that loads (the worker's main thread); the
 threads of its pool run only the sample loads handed to them, and call the dataset and the
@@ -31,23 +31,29 @@ from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 # "auto" doubles while the worker's CPU time is below this share of its wall time in the batch
 WAITING_SHARE = 0.6
 GAIN = 1.15  # ... and the samples per second rose by at least this factor
+START = 4  # where "auto" starts: a batch of it tells waiting from computing
+JUMP = 0.8  # a waiting worker widens to this share of what would keep its CPU busy
 
 
 class Width:
     """How many samples of a batch load at once: fixed, or tuned ("auto") batch by batch.
 
-    "auto" starts at 2. After each batch it compares the worker's CPU time with the batch's
-    wall time: a worker that computes (CPU at least WAITING_SHARE of the wall time) goes back to
-    the best width it saw and stays there; one that waits jumps by the share it waited (a worker
-    on the CPU 5% of the time could run about 12 samples at once before its CPU is the limit),
-    up to the batch's size, as long as each jump raised the samples per second by GAIN."""
+    "auto" starts at START. After each batch it compares the worker's CPU time with the batch's
+    wall time: a worker that computes in its first batch (CPU at least WAITING_SHARE of the wall
+    time) goes to one thread and stays there; one that waits jumps by the share it waited (a worker on the CPU 5% of the time could run about 20
+    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to the
+    batch's size, as long as each jump raised the samples per second by GAIN (once its CPU is
+    busy it tries a doubling); a jump that did not pay goes back to the best width seen."""
 
     def __init__(self, setting):
         self.auto = setting == "auto"
-        self.now = 2 if self.auto else int(setting)
+        self.now = START if self.auto else int(setting)
         self._rate_at: dict[int, float] = {}
         self._before: int | None = None  # the width before the last jump
         self.settled = not self.auto
+        # the first batch at a width pays for what the width is new to (connections opened,
+        # threads started, imports): the next one measures it
+        self._fresh = True
 
     def _best(self) -> int:
         return max(self._rate_at, key=self._rate_at.__getitem__)
@@ -56,20 +62,27 @@ class Width:
         """One batch of `samples` took `wall_s`, of which the process spent `cpu_s` on CPU."""
         if self.settled or samples < 2 or wall_s <= 0:
             return
+        if self._fresh:
+            self._fresh = False
+            return
         w = self.now
         rate = self._rate_at[w] = samples / wall_s
         if self._before is not None and rate < GAIN * self._rate_at[self._before]:
             self.now, self.settled = self._best(), True  # the last jump did not pay
             return
-        if cpu_s >= WAITING_SHARE * wall_s:  # it computes: more threads only share the GIL
-            self.now, self.settled = self._best(), True
+        computing = cpu_s >= WAITING_SHARE * wall_s
+        if computing and len(self._rate_at) == 1:
+            # its first batch kept the CPU busy: more threads would only share the GIL
+            self.now, self.settled = 1, True
             return
-        factor = max(2, int(WAITING_SHARE * wall_s / max(cpu_s, 1e-6)))
+        # a worker that waits jumps by the share it waited; one whose CPU is busy now tries
+        # one doubling, which the samples per second then judge
+        factor = 2 if computing else max(2, int(JUMP * wall_s / max(cpu_s, 1e-6)))
         wider = min(MAX_THREADS, samples, w * factor)
         if wider <= w:
             self.settled = True
             return
-        self._before, self.now = w, wider
+        self._before, self.now, self._fresh = w, wider, True
 
 
 def is_async(dataset) -> bool:

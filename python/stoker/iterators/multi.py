@@ -108,7 +108,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
         self._recovery = Recovery(self._records, options, n, self._kind == MAP,
                                   stream_known=self._cursor.can_restart_stream)
         self._stats = IterStats(self._board, self.workers, self._watch,
-                                self._recovery.restarts_by_worker, options.stall_notice)
+                                self._recovery.restarts_by_worker, options.stall_notice,
+                                options.threads_per_worker)
         self._shm_cap = options.shared_memory_cap()
         self._tuner = None
         tune_workers, tune_depth = wanted(options, self._kind == MAP, n)

@@ -26,9 +26,12 @@ _STAGES = {"loading": "__getitem__ (loading samples)", "collating": "collate_fn"
 
 
 class IterStats:
-    def __init__(self, board: _board.Board, workers, watch, restarts, stall_notice):
+    def __init__(self, board: _board.Board, workers, watch, restarts, stall_notice,
+                 threads_per_worker=1):
         """`workers`: the placement; `watch`: the hang watch (stuck workers); `restarts`: the
-        list of restarts per worker (the recovery's)."""
+        list of restarts per worker (the recovery's); `threads_per_worker`: the option, for
+        the notice's advice."""
+        self._threads = threads_per_worker
         self._board = board
         self._workers = workers
         self._watch = watch
@@ -80,7 +83,8 @@ class IterStats:
             "stoker: the training loop waited for data %.0f%% of the time over %d batches: the "
             "data is the bottleneck. Workers spend most of their time in %s (%s). %s%s",
             100 * self.waited_s / elapsed, self.yielded, _STAGES[slowest], split,
-            self._workers.scale_hint(), stuck,
+            advice(slowest, self._workers.cpu_seconds(), sum(busy.values()), self._threads,
+                   self._workers.scale_hint()), stuck,
         )
 
     def snapshot(self) -> dict:
@@ -100,6 +104,24 @@ class IterStats:
             "data_stall": (waited / elapsed) if elapsed > 0 else 0.0,
             "memory": self._workers.slot_usage(),
         }
+
+
+# Workers on a CPU less than this share of the time they spend busy mostly wait (storage, the
+# network): more threads in each, not more processes, is what helps them.
+WAITING_SHARE = 0.5
+
+
+def advice(slowest: str, cpu_s, busy_s: float, threads, scale_hint: str) -> str:
+    """What would help a data stall: workers that wait get "raise threads_per_worker", workers
+    that compute get the placement's `scale_hint` (more workers, cheaper samples)."""
+    if slowest != "loading" or cpu_s is None or busy_s <= 0 or cpu_s >= WAITING_SHARE * busy_s:
+        return scale_hint
+    now = "" if threads == 1 else f" (now {threads!r})"
+    return (f"The workers were on a CPU only {100 * min(1.0, cpu_s / busy_s):.0f}% of the time "
+            "they were busy: they wait (on storage, the network, a lock) rather than compute, "
+            f"so more processes would only wait too. Raise threads_per_worker{now} (16, 64, or "
+            "\"auto\"): each worker then loads that many samples at once, with no more "
+            "processes or memory; an async def __getitem__ runs that many on one event loop.")
 
 
 def loader_stats(loader) -> dict:

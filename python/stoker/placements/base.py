@@ -188,6 +188,13 @@ class Workers(abc.ABC):
             out.append(entry)
         return out
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the running workers used since they started; None when no placement
+        view knows (a remote worker's)."""
+        views = [self.view(w) for w in self.ids]
+        known = [v.cpu_seconds for v in views if v is not None and v.cpu_seconds > 0]
+        return sum(known) if known else None
+
     def seconds_in(self) -> dict:
         """Seconds all running workers spent in each state."""
         totals: dict = {}
