@@ -78,10 +78,11 @@ soak: install
 
 # Peers are optional: each is installed when PyPI has it for this machine, skipped otherwise.
 bench: install
-	$(VPY) -m pip install -q matplotlib || true
+	$(VPY) -m pip install -q matplotlib urllib3 || true
 	$(VPY) -m pip install -q --no-deps torchdata || true
 	$(VPY) -m pip install -q grain spdl || true
 	$(VPY) -m stoker bench --plot docs/throughput.png --json build/bench.json
+	$(VPY) -m stoker bench --workloads remote --json build/bench-remote.json
 
 # torch's own test/test_dataloader.py, run once with torch's DataLoader and once with stoker's in
 # its place: a yardstick of compatibility, not part of `make test` (tests there fail by design).

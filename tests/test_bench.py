@@ -134,3 +134,19 @@ def test_a_row_above_the_bound_of_its_work_is_an_error_not_a_number():
     runs = [r if r["loader"] != "torch" else dict(r, samples_per_s=9_000.0) for r in runs]
     rows = {r["loader"]: r for r in cli.summarize(runs, ["metadata"], ["torch", "stoker"])}
     assert "error" in rows["torch"] and rows["stoker"]["ratio_vs_torch"] is None
+
+
+def test_bench_remote_runs_every_kind_of_row_with_checked_values():
+    """The remote workload (an HTTP object store on loopback): a torch row, a threads row and an
+    async row, each a fresh interpreter whose every sample's bytes are checked."""
+    from stoker.bench import remote
+
+    rows = [r for r in remote.ROWS if r[0] in ("torch, 2 workers", "stoker, 2 workers x 32 threads",
+                                               "stoker, 2 workers, async x 32")]
+    result = remote.main(latency_ms=5, rounds=1, samples=256, rows=rows)
+    by = {r["row"]: r for r in result["summary"]}
+    assert set(by) == {r[0] for r in rows}, by
+    for r in by.values():
+        assert "error" not in r, r
+        assert r["samples_per_s"] > 0 and r["pss_total_mb"] > 0 and r["processes"] == 3
+    assert result["latency_ms"] == 5

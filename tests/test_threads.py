@@ -29,3 +29,16 @@ def test_a_raising_sample_is_named(scenario, policy):
 def test_faults_under_threads(scenario, name):
     r = scenario(f"threads_in_workers.{name}", timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def _have(*modules) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in modules)
+
+
+@pytest.mark.skipif(not _have("moto", "boto3", "flask"),
+                    reason="moto[server] and boto3 (tests/requirements-frameworks.txt)")
+def test_a_real_s3_api_read_from_worker_threads(scenario):
+    r = scenario("s3.read_from_worker_threads", timeout=300)
+    assert "OK" in r.stdout, r.stdout + r.stderr

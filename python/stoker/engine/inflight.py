@@ -30,7 +30,7 @@ from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 
 # "auto" doubles while the worker's CPU time is below this share of its wall time in the batch
 WAITING_SHARE = 0.6
-GAIN = 1.15  # ... and the samples per second rose by at least this factor
+GAIN = 1.05  # ... and the samples per second rose by at least this factor
 START = 4  # where "auto" starts: a batch of it tells waiting from computing
 JUMP = 0.8  # a waiting worker widens to this share of what would keep its CPU busy
 
