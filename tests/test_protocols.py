@@ -182,6 +182,9 @@ class _Good:
     def add_sample(self):
         pass
 
+    def set_in_flight(self, n):
+        pass
+
     def update_rss(self):
         pass
 

@@ -25,7 +25,8 @@ def test_a_raising_sample_is_named(scenario, policy):
 
 @pytest.mark.parametrize("name", ["segfault_quarantined", "segfault_raises",
                                   "sigkill_with_many_in_flight", "external_kill_mid_batch",
-                                  "hung_thread_named", "resume_mid_epoch_across_threads"])
+                                  "hung_thread_named", "resume_mid_epoch_across_threads",
+                                  "stats_and_top_show_samples_in_flight"])
 def test_faults_under_threads(scenario, name):
     r = scenario(f"threads_in_workers.{name}", timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -9,7 +9,9 @@
 //
 // Threads and processes: one writer (the worker's thread that does the work) and any number of
 // readers in any process and thread; every field is read and written atomically, so reads are
-// safe for concurrent use with the writer. Two writers REQUIRE: external synchronization.
+// safe for concurrent use with the writer. AddSample is an atomic add: any thread of the worker
+// may call it (threads_per_worker's loading threads do). Two writers of the other fields
+// REQUIRE: external synchronization.
 #pragma once
 
 #include <atomic>
@@ -45,8 +47,10 @@ struct WorkerStatusPage {
   uint64_t bytes_sent;                   // bytes of batches written into slots
   uint64_t worker_id;                    // the worker's number in its loader
   uint64_t loader_token;                 // names its loader, for readers in other processes
-  int64_t position;  // where `index` is in its task's list of indices, or kNoIndex: names a
-                     // sample whose index is not an int (a str, a tuple) to the main process
+  int64_t position;    // where `index` is in its task's list of indices, or kNoIndex: names a
+                       // sample whose index is not an int (a str, a tuple) to the main process
+  uint64_t in_flight;  // samples loading at once now (threads_per_worker; 0: none, or one
+                       // sample at a time, which `index` names)
 };
 
 // Lock-free single-writer updates (worker) and reads (main), on a page in shared memory.
@@ -60,6 +64,7 @@ class WorkerStatusWriter {
   void AddSample() { Add(&p_->samples, 1); }
   void AddBatch(uint64_t bytes);
   void SetRss(uint64_t rss) { Store(&p_->rss_bytes, rss); }
+  void SetInFlight(uint64_t n) { Store(&p_->in_flight, n); }
 
  private:
   static void Store(uint64_t* w, uint64_t v) {

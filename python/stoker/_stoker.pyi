@@ -10,7 +10,7 @@ VIEW_SLOT_DIVISOR: int = 8
 
 STATUS_FIELDS: tuple = ...
 
-STATUS_PAGE_BYTES: int = 152
+STATUS_PAGE_BYTES: int = 160
 
 STATUS_MAGIC: int = 6004496033656295508
 
@@ -113,6 +113,8 @@ class WorkerEndpoint:
     def enter(self, state: int, task: int, index: object | None, position: int = -1) -> None: ...
 
     def add_sample(self) -> None: ...
+
+    def set_in_flight(self, arg: int, /) -> None: ...
 
     def update_rss(self) -> None: ...
 

@@ -97,6 +97,8 @@ def snapshot() -> list[dict]:
                 "index": None if index == NO_INDEX else index,
                 "state_seconds": max(0, now - w["since_ns"]) / 1e9,
                 "samples": w["samples"], "batches": w["batches"], "rss_bytes": w["rss_bytes"],
+                # samples loading at once now (threads_per_worker); 0: one at a time or none
+                "in_flight": w.get("in_flight", 0),
                 "seconds": {s: w[f"ns_{s}"] / 1e9 for s in ("loading", "collating", "encoding",
                                                             "idle")},
             })
@@ -157,6 +159,7 @@ def render(loaders, previous, dt, only_pid=None) -> str:
             + (" (auto)" if ld["tuned"]["prefetch_factor"] else "")
             + f"  {ld['command']}")
         lines.append(f"  {'worker':>6} {'pid':>8} {'samples/s':>10} {'state':>10} {'index':>10} "
+                     f"{'at once':>7} "
                      f"{'for s':>6} {'load%':>6} {'coll%':>6} {'enc%':>5} {'idle%':>6} "
                      f"{'RSS MB':>7}")
         for w in ld["workers"]:
@@ -168,8 +171,10 @@ def render(loaders, previous, dt, only_pid=None) -> str:
             else:  # first look: the average over the worker's life
                 rate = w["samples"] / total
             idx = "-" if w["index"] is None else str(w["index"])
+            at_once = str(w["in_flight"]) if w["in_flight"] else "-"
             lines.append(
                 f"  {w['id']:>6} {w['pid']:>8} {rate:>10.0f} {w['state']:>10} {idx:>10} "
+                f"{at_once:>7} "
                 f"{w['state_seconds']:>6.1f} {100 * secs['loading'] / total:>6.0f} "
                 f"{100 * secs['collating'] / total:>6.0f} {100 * secs['encoding'] / total:>5.0f} "
                 f"{100 * secs['idle'] / total:>6.0f} {_mb(w['rss_bytes'])}")

@@ -221,3 +221,25 @@ def resume_mid_epoch_across_threads():
         rest = [x[1].tolist() for x in b]
         assert head + rest == full, (before, after)
     print("OK")
+
+
+def stats_and_top_show_samples_in_flight():
+    """stats() and stoker top say how many samples each worker loads at once."""
+    from stoker import top
+
+    dl = stoker.DataLoader(Waits(n=512, ms=40), batch_size=16, num_workers=2,
+                           threads_per_worker=16)
+    seen_stats, seen_top = 0, 0
+    for k, _ in enumerate(dl):
+        seen_stats = max([seen_stats] + [w.get("in_flight") or 0
+                                         for w in dl.stats()["workers"]])
+        if k % 4 == 0:
+            mine = [ld for ld in top.snapshot() if ld["pid"] == os.getpid()]
+            seen_top = max([seen_top] + [w["in_flight"] for ld in mine for w in ld["workers"]])
+    assert 1 < seen_stats <= 16 and 1 < seen_top <= 16, (seen_stats, seen_top)
+    plain = stoker.DataLoader(Squares(), batch_size=8, num_workers=1)
+    it = iter(plain)
+    next(it)
+    assert plain.stats()["workers"][0]["in_flight"] == 0  # one at a time: its index says which
+    del it
+    print("OK")

@@ -102,6 +102,7 @@ class PySupervisor {
     d["batches"] = p.batches;
     d["rss_bytes"] = p.rss_bytes;
     d["bytes_sent"] = p.bytes_sent;
+    d["in_flight"] = p.in_flight;
     nb::dict times;
     for (int s = 0; s < kWorkerStateCount; ++s) times[WorkerStateName(s)] = p.state_ns[s] * 1e-9;
     d["seconds_in"] = times;

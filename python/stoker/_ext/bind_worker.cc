@@ -117,6 +117,9 @@ class WorkerEndpoint {
     WorkerStatusWriter(status_).Enter(static_cast<WorkerState>(state), task, idx,
                                       position >= 0 ? position : kNoIndex);
   }
+  void SetInFlight(uint64_t n) {
+    if (status_ != nullptr) WorkerStatusWriter(status_).SetInFlight(n);
+  }
   void AddSample() {
     if (status_ != nullptr) WorkerStatusWriter(status_).AddSample();
   }
@@ -177,6 +180,7 @@ void register_worker(nb::module_& m) {
       .def("enter", &WorkerEndpoint::Enter, nb::arg("state"), nb::arg("task"),
            nb::arg("index").none(), nb::arg("position") = -1)
       .def("add_sample", &WorkerEndpoint::AddSample)
+      .def("set_in_flight", &WorkerEndpoint::SetInFlight)
       .def("update_rss", &WorkerEndpoint::UpdateRss)
       .def("send_fd", &WorkerEndpoint::SendFd, nb::arg("type"), nb::arg("a"), nb::arg("fd"))
       .def_prop_ro("slot_count", &WorkerEndpoint::slot_count)

@@ -13,7 +13,8 @@ The loop passes every argument by position (the parameters are positional-only h
 implementation may name them as it likes; their number, order and defaults are the contract.
 
 Thread contract: an endpoint has one caller, the worker thread that runs the dataset (its loop,
-and before it the process's set-up); none is required to take concurrent calls. The C++ one
+and before it the process's set-up); none is required to take concurrent calls, but for
+``add_sample``, which the loading threads of ``threads_per_worker`` call too. The C++ one
 releases the GIL while it waits in ``receive``, ``send`` and ``send_batch``. An endpoint whose
 status another thread reads (an actor's status call) guards that status itself.
 """
@@ -56,7 +57,12 @@ class Endpoint(Protocol):
         and never blocks."""
 
     def add_sample(self, /) -> None:
-        """One more sample fetched (the status's sample count)."""
+        """One more sample fetched (the status's sample count). Thread-safe: the loading threads
+        of ``threads_per_worker`` call it too."""
+
+    def set_in_flight(self, n: int, /) -> None:
+        """`n` samples load at once now (``threads_per_worker``; 0 when none, or one at a time).
+        Status only."""
 
     def update_rss(self, /) -> None:
         """Refreshes the status's resident memory (the loop calls it after each task)."""

@@ -37,7 +37,8 @@ class Fetcher:
         """`threads`: ``threads_per_worker`` (an int or "auto"): a map-style batch's samples
         load at once (inflight.py), and an async dataset's coroutines are awaited; then
         `on_sample(index, position, None)` is called from the loading threads, and
-        `on_batch(index)` once before them, from this thread; `width`: the ``inflight.Width``
+        `on_batch(index, in_flight)` from this thread before them and as each is done (with
+        how many load at once now), `on_batch(None, 0)` once they are; `width`: the ``inflight.Width``
         an earlier fetcher of this worker tuned (kept across epochs)."""
         self.kind = kind
         self.inflight = inflight.InFlight(dataset, threads, width) if kind == MAP else None
@@ -145,8 +146,6 @@ class Fetcher:
         loads that sample again on its own, a skip is recorded in order."""
         ds, fl = self.dataset, self.inflight
         serial, self.serial = self.serial, False
-        if self.on_batch is not None:
-            self.on_batch(index)
         on_sample = self.on_sample
 
         def load(item):
@@ -155,12 +154,17 @@ class Fetcher:
                 on_sample(i, pos, None)
             return ds[i]
 
-        progress = (lambda: self.on_batch(index)) if self.on_batch is not None else None
+        progress = None
+        if self.on_batch is not None:
+            def progress(in_flight):
+                self.on_batch(index, 0 if serial else in_flight)
         self.at_once = not serial
         try:
             outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress)
         finally:
             self.at_once = False
+            if self.on_batch is not None:
+                self.on_batch(None, 0)
         data = []
         for (pos, i), (ok, sample, error) in zip(enumerate(index), outcomes):
             if not ok:

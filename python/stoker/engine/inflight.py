@@ -117,9 +117,19 @@ class InFlight:
     def map(self, load, items, serial: bool = False, progress=None) -> list:
         """`serial`: one at a time whatever the width (a batch re-issued after its worker died
         with several samples in flight, so the death names the one that caused it);
-        `progress()` is called on this thread as each item is done (the worker's hang watch
-        then times the wait for the next sample, not the whole batch)."""
+        `progress(in_flight)` is called on this thread before the first item and as each is
+        done, with how many load at once now (the worker's hang watch then times the wait for
+        the next sample, not the whole batch)."""
         n = 1 if serial else min(self.width.now, len(items))
+        if progress is not None:
+            total, report = len(items), progress
+            done = [0]
+
+            def progress():
+                report(min(n, total - done[0]))
+                done[0] += 1
+
+            progress()
         wall, cpu = time.monotonic(), time.process_time()
         if self.is_async:
             out = self._run_async(load, items, n, progress)

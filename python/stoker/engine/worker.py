@@ -154,10 +154,13 @@ class WorkerLoop:
         if seeder is not None:
             seeder(index, position, stream_pos)
 
-    def _on_batch(self, index) -> None:
-        """A batch whose samples load at once: "loading" with no one index (a death or hang
-        then holds the whole batch, which is re-issued one sample at a time to name it)."""
-        self.endpoint.enter(protocol.STATE_FETCHING, self.task, None)
+    def _on_batch(self, index, in_flight: int) -> None:
+        """A batch whose samples load at once, `in_flight` of them now: "loading" with no one
+        index (a death or hang then holds the whole batch, which is re-issued one sample at a
+        time to name it). `index` None: the batch is loaded (`in_flight` is 0)."""
+        if index is not None:
+            self.endpoint.enter(protocol.STATE_FETCHING, self.task, None)
+        self.endpoint.set_in_flight(in_flight)
 
     def _new_fetcher(self, states) -> Fetcher:
         c = self.config

@@ -60,7 +60,8 @@ class WorkerView:
 
 
 # What ``stats()`` reports of a worker's status, and the names it gives the seconds per state.
-_STATUS_FIELDS = ("state", "index", "task", "samples", "batches", "rss_bytes", "bytes_sent")
+_STATUS_FIELDS = ("state", "index", "task", "samples", "batches", "rss_bytes", "bytes_sent",
+                  "in_flight")
 _SECONDS = {"getitem": "loading", "collate": "collating", "encode": "encoding", "idle": "idle"}
 
 

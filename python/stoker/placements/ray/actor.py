@@ -54,7 +54,7 @@ class ActorEndpoint:
         self._state, self._since = "starting", time.monotonic()
         self._task, self._index, self._position = 0, None, None
         self._seconds = dict.fromkeys(_STATES, 0.0)
-        self._samples = self._batches = self._bytes_sent = 0
+        self._samples = self._batches = self._bytes_sent = self._in_flight = 0
 
     def send(self, mtype, task, a=0, payload=b""):
         self.outbox.append((mtype, task, a, bytes(payload)))
@@ -82,6 +82,10 @@ class ActorEndpoint:
         with self._lock:
             self._samples += 1
 
+    def set_in_flight(self, n):
+        with self._lock:
+            self._in_flight = n
+
     def update_rss(self):
         """The resident size is read with each snapshot instead."""
 
@@ -98,6 +102,7 @@ class ActorEndpoint:
             return {"pid": os.getpid(), "state": self._state, "state_seconds": now - self._since,
                     "task": self._task, "index": self._index, "position": self._position,
                     "samples": self._samples, "batches": self._batches,
+                    "in_flight": self._in_flight,
                     "rss_bytes": _system.resident_bytes(), "bytes_sent": self._bytes_sent,
                     "seconds_in": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime}
 
