@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -128,6 +129,34 @@ def test_prometheus_scrape_on_localhost():
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
+def test_doctor_tells_workers_that_wait_from_workers_that_compute():
+    """A running loader whose workers sleep in __getitem__ (as on the network) is told to raise
+    threads_per_worker; workers whose CPU time matches their busy time are not."""
+    from stoker import doctor, top
+
+    proc, pids = start_running_loader()  # 2 workers, 20 ms of sleep per sample
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until its workers were busy long enough to be judged
+            mine = [ld for ld in top.snapshot() if ld["pid"] == proc.pid]
+            check = doctor.waiting_or_computing(mine)
+            if check["status"] == "warn" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert check["status"] == "warn", check
+        assert f"loader pid {proc.pid}" in check["detail"], check
+        assert "Raise threads_per_worker" in check["advice"], check
+    finally:
+        proc.kill()
+        proc.wait()
+    me = os.getpid()
+    cpu = doctor._cpu_seconds(me)
+    busy = max(doctor.MIN_BUSY_S, cpu)  # all of it on a CPU: it computes
+    fake = [{"pid": me, "workers": [{"pid": me, "seconds": {
+        "loading": busy, "collating": 0.0, "encoding": 0.0, "idle": 0.0}}]}]
+    assert doctor.waiting_or_computing(fake)["status"] == "ok"
+
+
 def test_doctor_on_a_small_shm_with_stale_torch_files(scenario):
     r = scenario("observability.doctor_on_a_small_shm_with_stale_torch_files", timeout=120,
                  wrapper=TINY_SHM)

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from . import _system
+from . import _advice, _system
 
 SHM = "/dev/shm"
 _TORCH_SHM = re.compile(r"^torch_(\d+)_")
@@ -92,6 +92,51 @@ def loaders_on_this_machine() -> list[dict]:
         entry["pool"] = loader["served_by"].startswith("stoker node pool")
     return [{"pid": e["pid"], "workers": len(e["workers"]), "pool": e["pool"]}
             for e in out.values()]
+
+
+def _cpu_seconds(pid) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# a loader's workers are judged once they were busy this long (less is start-up)
+MIN_BUSY_S = 2.0
+
+
+def waiting_or_computing(snapshot: list[dict]) -> dict:
+    """The check that tells, per running loader, whether its workers wait or compute: their CPU
+    seconds (/proc) against the seconds their status pages say they were busy (loading,
+    collating, encoding). Workers that mostly wait need threads_per_worker, not more workers."""
+    waiting, judged = [], 0
+    for ld in snapshot:
+        cpu = busy = loading = 0.0
+        for w in ld["workers"]:
+            c = _cpu_seconds(w["pid"])
+            if c is None:
+                continue
+            s = w["seconds"]
+            cpu += c
+            busy += s["loading"] + s["collating"] + s["encoding"]
+            loading += s["loading"]
+        if busy < MIN_BUSY_S:
+            continue
+        judged += 1
+        if loading >= busy / 2 and _advice.waiting(cpu, busy):
+            waiting.append((ld["pid"], cpu, busy))
+    if not waiting:
+        return _check("waiting or computing", "ok",
+                      f"{judged} running loader(s) judged: their workers compute" if judged
+                      else "no running loader's workers have been busy long enough to judge")
+    pid, cpu, busy = waiting[0]
+    return _check(
+        "waiting or computing", "warn",
+        ", ".join(f"loader pid {p}: workers on a CPU {100 * c / b:.0f}% of their busy time"
+                  for p, c, b in waiting),
+        _advice.raise_threads(cpu, busy))
 
 
 def workers_against_cpus(loaders: list[dict], cpus: int) -> dict:
@@ -236,6 +281,10 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
             if cuda and method == "fork" else ""))
     except ImportError:
         checks.append(_check("torch", "warn", "not installed", "pip install torch"))
+    # workers that wait rather than compute (threads_per_worker)
+    from . import top
+
+    checks.append(waiting_or_computing(top.snapshot()))
     # leftovers
     orphans = orphan_workers()
     checks.append(_check(

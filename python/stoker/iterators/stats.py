@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from .. import _advice
 from .._indices import jsonable
 from ..config.records import records_of
 from ..engine import board as _board
@@ -106,22 +107,12 @@ class IterStats:
         }
 
 
-# Workers on a CPU less than this share of the time they spend busy mostly wait (storage, the
-# network): more threads in each, not more processes, is what helps them.
-WAITING_SHARE = 0.5
-
-
 def advice(slowest: str, cpu_s, busy_s: float, threads, scale_hint: str) -> str:
     """What would help a data stall: workers that wait get "raise threads_per_worker", workers
     that compute get the placement's `scale_hint` (more workers, cheaper samples)."""
-    if slowest != "loading" or cpu_s is None or busy_s <= 0 or cpu_s >= WAITING_SHARE * busy_s:
-        return scale_hint
-    now = "" if threads == 1 else f" (now {threads!r})"
-    return (f"The workers were on a CPU only {100 * min(1.0, cpu_s / busy_s):.0f}% of the time "
-            "they were busy: they wait (on storage, the network, a lock) rather than compute, "
-            f"so more processes would only wait too. Raise threads_per_worker{now} (16, 64, or "
-            "\"auto\"): each worker then loads that many samples at once, with no more "
-            "processes or memory; an async def __getitem__ runs that many on one event loop.")
+    if slowest == "loading" and _advice.waiting(cpu_s, busy_s):
+        return _advice.raise_threads(cpu_s, busy_s, threads)
+    return scale_hint
 
 
 def loader_stats(loader) -> dict:
