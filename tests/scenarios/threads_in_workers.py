@@ -141,6 +141,8 @@ def segfault_quarantined():
     assert all(d.signal == "SIGSEGV" for d in dl.deaths), dl.deaths
     named = [d.index for d in dl.deaths if d.index is not None]
     assert named and set(named) == {21}, dl.deaths  # no innocent batch-mate is blamed
+    # one death with the batch in flight, then quarantine_after (2) deaths that name it
+    assert len(dl.deaths) == 3, dl.deaths
     print("OK")
 
 

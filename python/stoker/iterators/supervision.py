@@ -282,9 +282,10 @@ class Supervision:
         _, state = self._cursor.restart_state(ex.worker)
         if state is not None:
             config = dataclasses.replace(config, stream_states={ex.worker: state})
-        if config.threads_per_worker != 1 and ex.index is None and tasks:
-            # It had a batch's samples in flight at once: the new worker loads these tasks one
-            # sample at a time, so a sample that kills it again is named (and quarantined).
+        if config.threads_per_worker != 1 and tasks:
+            # It had (or may have had) a batch's samples in flight at once: the new worker loads
+            # these tasks one sample at a time, so a sample that kills it again is named (and,
+            # once named by quarantine_after deaths, quarantined).
             config = dataclasses.replace(config, serial_tasks=frozenset(tasks))
         self.start(ex.worker, config)
         if self._beginning:
