@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing.util
 import os
 import shutil
 import subprocess
@@ -22,8 +23,10 @@ os.environ["TMPDIR"] = SESSION_TEMP
 tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
-def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_TEMP, ignore_errors=True)
+# Removed at this process's exit, after multiprocessing removed its own folder in it (its
+# finalizer has exitpriority -100; lower runs later), so neither finds the other's gone.
+multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TEMP,),
+                              kwargs={"ignore_errors": True}, exitpriority=-101)
 
 
 def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:
