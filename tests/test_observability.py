@@ -128,7 +128,6 @@ def test_prometheus_scrape_on_localhost():
     assert "stoker_data_stall_ratio" in text and 'kind="mapped"' in text
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
 def test_doctor_tells_workers_that_wait_from_workers_that_compute():
     """A running loader whose workers sleep in __getitem__ (as on the network) is told to raise
     threads_per_worker; workers whose CPU time matches their busy time are not."""
@@ -157,6 +156,7 @@ def test_doctor_tells_workers_that_wait_from_workers_that_compute():
     assert doctor.waiting_or_computing(fake)["status"] == "ok"
 
 
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
 def test_doctor_on_a_small_shm_with_stale_torch_files(scenario):
     r = scenario("observability.doctor_on_a_small_shm_with_stale_torch_files", timeout=120,
                  wrapper=TINY_SHM)

@@ -26,7 +26,9 @@ def test_a_raising_sample_is_named(scenario, policy):
 @pytest.mark.parametrize("name", ["segfault_quarantined", "segfault_raises",
                                   "sigkill_with_many_in_flight", "external_kill_mid_batch",
                                   "hung_thread_named", "resume_mid_epoch_across_threads",
-                                  "stats_and_top_show_samples_in_flight"])
+                                  "stats_and_top_show_samples_in_flight",
+                                  "async_client_lives_with_the_worker",
+                                  "async_segfault_at_one_thread_quarantined"])
 def test_faults_under_threads(scenario, name):
     r = scenario(f"threads_in_workers.{name}", timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr
@@ -43,3 +45,26 @@ def _have(*modules) -> bool:
 def test_a_real_s3_api_read_from_worker_threads(scenario):
     r = scenario("s3.read_from_worker_threads", timeout=300)
     assert "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_auto_widens_while_waiting_and_ignores_a_short_batch():
+    from stoker.engine.inflight import Width
+
+    w = Width("auto")
+    assert w.now == 4
+    w.observe(32, 0.2, 0.01)  # the first batch at a width is not judged
+    w.observe(32, 0.2, 0.01)  # waiting: on a CPU 5% of the time
+    assert w.now > 4 and not w.settled
+    wide = w.now
+    w.observe(32, 0.02, 0.001)  # (fresh)
+    w.observe(5, 1.0, 0.001)  # a short last batch: slow, but not the width's fault
+    assert w.now >= wide and not w.settled
+
+
+def test_auto_stays_at_one_thread_when_the_worker_computes():
+    from stoker.engine.inflight import Width
+
+    w = Width("auto")
+    w.observe(32, 0.5, 0.5)
+    w.observe(32, 0.5, 0.49)
+    assert (w.now, w.settled) == (1, True)

@@ -5,7 +5,7 @@ Set once in each worker process, before the dataset runs; read from any thread.
 
 from __future__ import annotations
 
-import threading
+import contextvars
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +39,18 @@ def get_worker_info():
     return _worker_info
 
 
-_sample = threading.local()  # the seed of the sample this thread loads (seed="per_sample")
+# The seed of the sample being loaded (seed="per_sample"): a context variable, so each loading
+# thread, and each coroutine of an async dataset (asyncio runs each in a context of its own),
+# sees its own sample's.
+_sample: contextvars.ContextVar = contextvars.ContextVar("stoker_sample_seed", default=None)
 
 
 def set_sample_seed(seed) -> None:
-    _sample.seed = seed
+    _sample.set(seed)
 
 
 def sample_seed():
-    """Under ``seed="per_sample"``, the seed of the sample this thread is loading (from the base
+    """Under ``seed="per_sample"``, the seed of the sample this thread (or coroutine) is loading (from the base
     seed, the epoch and its index; the same whoever loads it, on whichever thread), else None.
     With ``threads_per_worker`` above 1 the global generators are shared by the loading threads,
     so draws from them are not reproducible; a generator made from this seed is::
@@ -55,4 +58,4 @@ def sample_seed():
         g = torch.Generator().manual_seed(stoker.sample_seed())
         rng = numpy.random.default_rng(stoker.sample_seed())
     """
-    return getattr(_sample, "seed", None)
+    return _sample.get()

@@ -53,6 +53,36 @@ class Drawn(Squares):
         return torch.rand(3, generator=g), i
 
 
+class AsyncDrawn(Squares):
+    async def __getitem__(self, i):
+        await asyncio.sleep(0.002)  # other samples' coroutines run meanwhile
+        g = torch.Generator().manual_seed(stoker.sample_seed())
+        return torch.rand(3, generator=g), i
+
+
+class LoopBound(Squares):
+    """An async client bound to the event loop it was made on (as aiohttp's session is)."""
+
+    def __init__(self, n=64):
+        super().__init__(n)
+        self._loop = None
+
+    async def __getitem__(self, i):
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        if self._loop is not loop:
+            raise RuntimeError("the client's event loop is gone: a new loop this epoch")
+        await asyncio.sleep(0.001)
+        return torch.full(self.shape, float(i)), i
+
+
+class AsyncSegfaults(KillsSelfAt):
+    async def __getitem__(self, i):
+        await asyncio.sleep(0.001)
+        return KillsSelfAt.__getitem__(self, i)
+
+
 class WaitsThenSegfaults(KillsSelfAt):
     def __getitem__(self, i):
         time.sleep(0.01)
@@ -108,6 +138,33 @@ def bit_identical_under_per_sample_seed():
         other = run(threads, workers)
         assert len(other) == len(base)
         assert all(torch.equal(a, b) for a, b in zip(base, other)), (threads, workers)
+    # an async dataset: each coroutine sees its own sample's seed across its awaits
+    for threads, workers in ((8, 2), (4, 0)):
+        dl = stoker.DataLoader(AsyncDrawn(), batch_size=8, num_workers=workers, shuffle=True,
+                               seed="per_sample", threads_per_worker=threads,
+                               generator=torch.Generator().manual_seed(7))
+        other = [b[0] for b in dl]
+        assert all(torch.equal(a, b) for a, b in zip(base, other)), ("async", threads)
+    print("OK")
+
+
+def async_client_lives_with_the_worker():
+    """Persistent workers keep their event loop across epochs: a loop-bound client keeps
+    working (it would fail on a new loop each epoch)."""
+    dl = stoker.DataLoader(LoopBound(), batch_size=8, num_workers=2, threads_per_worker=8,
+                           persistent_workers=True)
+    for _ in range(3):
+        assert labels(list(dl)) == list(range(64))
+    print("OK")
+
+
+def async_segfault_at_one_thread_quarantined():
+    """An async dataset at threads_per_worker=1 loads one sample at a time: a death names it."""
+    dl = stoker.DataLoader(AsyncSegfaults(21, signal.SIGSEGV), batch_size=8, num_workers=2,
+                           on_error="skip")
+    got = list(dl)
+    assert labels(got) == [i for i in range(64) if i != 21], labels(got)
+    assert [s.index for s in dl.skipped] == [21] and len(dl.deaths) == 2, dl.deaths
     print("OK")
 
 

@@ -33,15 +33,20 @@ class Fetcher:
 
     def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
                  max_retries=3, on_sample=None, stream_pos: int = 0, threads=1,
-                 on_batch=None, width=None):
+                 on_batch=None, carried=None):
         """`threads`: ``threads_per_worker`` (an int or "auto"): a map-style batch's samples
         load at once (inflight.py), and an async dataset's coroutines are awaited; then
         `on_sample(index, position, None)` is called from the loading threads, and
         `on_batch(index, in_flight)` from this thread before them and as each is done (with
-        how many load at once now), `on_batch(None, 0)` once they are; `width`: the ``inflight.Width``
-        an earlier fetcher of this worker tuned (kept across epochs)."""
+        how many load at once now), `on_batch(None, 0)` once they are; `carried`: the ``inflight.InFlight``
+        of this worker's fetcher of the epoch before (its event loop, its threads and what
+        "auto" learnt live as long as the worker: an async client made on the loop keeps
+        working)."""
         self.kind = kind
-        self.inflight = inflight.InFlight(dataset, threads, width) if kind == MAP else None
+        self.inflight = None
+        if kind == MAP:  # an earlier epoch's (its loop, its threads, what "auto" learnt) or new
+            self.inflight = carried if carried is not None else inflight.InFlight(dataset,
+                                                                                  threads)
         self.on_batch = on_batch
         self.serial = False  # the next batch loads one sample at a time (see InFlight.map)
         # samples of a batch are loading at once now: no one of them is "the" sample loading
@@ -158,7 +163,8 @@ class Fetcher:
         if self.on_batch is not None:
             def progress(in_flight):
                 self.on_batch(index, 0 if serial else in_flight)
-        self.at_once = not serial
+        # (one at a time, the status page names each sample: a death then names its own)
+        self.at_once = not serial and min(fl.width.now, len(index)) > 1
         try:
             outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress)
         finally:
@@ -169,6 +175,8 @@ class Fetcher:
         for (pos, i), (ok, sample, error) in zip(enumerate(index), outcomes):
             if not ok:
                 self.current = i
+                if isinstance(error, StopIteration):
+                    raise error  # as _one: not an error of the sample, the policy does not apply
                 ok, sample = self._after_failure(error, lambda item=(pos, i): self._again(load, item),
                                                  i)
             if ok:

@@ -51,6 +51,7 @@ class Width:
         self._rate_at: dict[int, float] = {}
         self._before: int | None = None  # the width before the last jump
         self.settled = not self.auto
+        self._size = 0  # the largest batch seen: only such batches judge a width
         # the first batch at a width pays for what the width is new to (connections opened,
         # threads started, imports): the next one measures it
         self._fresh = True
@@ -61,6 +62,9 @@ class Width:
     def observe(self, samples: int, wall_s: float, cpu_s: float) -> None:
         """One batch of `samples` took `wall_s`, of which the process spent `cpu_s` on CPU."""
         if self.settled or samples < 2 or wall_s <= 0:
+            return
+        self._size = max(self._size, samples)
+        if samples < self._size:  # a short (last) batch: its rate is not the width's
             return
         if self._fresh:
             self._fresh = False
@@ -177,7 +181,7 @@ class InFlight:
     def _run_async(self, load, items, n: int, progress=None) -> list:
         if self._loop is None or self._pid != os.getpid():
             self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
-        gate = asyncio.Semaphore(max(1, n))
+        gate = None
 
         async def one(it):
             async with gate:
@@ -193,6 +197,8 @@ class InFlight:
                         progress()  # (the loop runs on this thread)
 
         async def every():
+            nonlocal gate
+            gate = asyncio.Semaphore(max(1, n))  # made on the running loop (3.9 binds at init)
             return await asyncio.gather(*(one(it) for it in items))
 
         return self._loop.run_until_complete(every())

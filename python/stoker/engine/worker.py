@@ -16,6 +16,7 @@ Thread contract: a loop runs on one thread of its worker, the one that runs the 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -167,13 +168,12 @@ class WorkerLoop:
         # A resumed (or restarted) worker: its saved state back, in torchdata's order.
         mine = states.get(self.worker_id) if states else None
         stream_state.restore_dataset(self.dataset, mine)
-        width = None
-        if self.fetcher is not None:  # a new epoch: what "auto" learnt carries on
-            self.fetcher.close()
-            width = self.fetcher.inflight.width if self.fetcher.inflight else None
+        carried = None
+        if self.fetcher is not None:  # a new epoch: the loop, threads and "auto" carry on
+            carried = self.fetcher.inflight
         f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
                     c.max_retries, self._on_sample, stream_state.position_of(mine),
-                    threads=c.threads_per_worker, on_batch=self._on_batch, width=width)
+                    threads=c.threads_per_worker, on_batch=self._on_batch, carried=carried)
         if c.kind == ITERABLE:
             stream_state.restore_iterator(self.dataset, f.iterator, mine)
             self.restored_ended = stream_state.ended(mine)
@@ -197,6 +197,8 @@ class WorkerLoop:
         if mtype == MSG_STOP:
             return False
         if mtype == MSG_RESUME:
+            if self.config.serial_tasks:  # task numbers start again each epoch
+                self.config = dataclasses.replace(self.config, serial_tasks=frozenset())
             self._begin_epoch(task, payload)
         elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
             self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
