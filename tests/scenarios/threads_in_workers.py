@@ -225,7 +225,10 @@ def sigkill_with_many_in_flight():
                                generator=torch.Generator().manual_seed(1))
         got = list(dl)
         assert labels(got) == list(range(64)), labels(got)
-        assert len(dl.deaths) == 3, dl.deaths
+        # one death each, or fewer: two poison samples of one batch may both be in flight
+        # when the first kill lands (the marks say each was tried), and one death covers both
+        assert 1 <= len(dl.deaths) <= 3, dl.deaths
+        assert sorted(os.listdir(marks)) == ["30", "47", "5"], os.listdir(marks)
         assert labels(list(dl)) == list(range(64))
     print("OK")
 
