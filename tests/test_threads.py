@@ -28,7 +28,8 @@ def test_a_raising_sample_is_named(scenario, policy):
                                   "hung_thread_named", "resume_mid_epoch_across_threads",
                                   "stats_and_top_show_samples_in_flight",
                                   "async_client_lives_with_the_worker",
-                                  "async_segfault_at_one_thread_quarantined"])
+                                  "async_segfault_at_one_thread_quarantined",
+                                  "async_getitems_under_each_policy"])
 def test_faults_under_threads(scenario, name):
     r = scenario(f"threads_in_workers.{name}", timeout=180)
     assert "OK" in r.stdout, r.stdout + r.stderr

@@ -77,6 +77,16 @@ class LoopBound(Squares):
         return torch.full(self.shape, float(i)), i
 
 
+class AsyncBatched(Squares):
+    """An async __getitems__ (one request for the batch); sample 21 is corrupt."""
+
+    async def __getitems__(self, idx):
+        await asyncio.sleep(0.002)
+        if 21 in idx:
+            raise ValueError("cannot decode sample 21: corrupt file")
+        return [(torch.full(self.shape, float(i)), i) for i in idx]
+
+
 class AsyncSegfaults(KillsSelfAt):
     async def __getitem__(self, i):
         await asyncio.sleep(0.001)
@@ -305,3 +315,16 @@ def stats_and_top_show_samples_in_flight():
     assert plain.stats()["workers"][0]["in_flight"] == 0  # one at a time: its index says which
     del it
     print("OK")
+
+
+def async_getitems_under_each_policy():
+    """An async __getitems__ is awaited once per batch; a failing batch is searched sample by
+    sample under "skip", and raises naming the sample under "raise"."""
+    dl = stoker.DataLoader(AsyncBatched(), batch_size=8, num_workers=2, on_error="skip")
+    assert labels(list(dl)) == [i for i in range(64) if i != 21]
+    assert [s.index for s in dl.skipped] == [21], dl.skipped
+    try:
+        list(stoker.DataLoader(AsyncBatched(), batch_size=8, num_workers=2))
+    except ValueError as e:
+        assert "cannot decode sample 21" in str(e), str(e)
+        print("OK")

@@ -36,14 +36,12 @@ ROWS = (
 )
 
 
-class RemoteObjects(Dataset):
-    """Object i of the store at `url`, fetched with one urllib3 pool per process (shared by its
-    threads, as urllib3 allows), as a uint8 tensor, and i."""
+class _Objects(Dataset):
+    """`n` objects of the store at `url`; pickles without its connections (each process makes
+    its own)."""
 
     def __init__(self, url: str, n: int):
         self.url, self.n = url, n
-        self._pool = None
-        self._pid = None
 
     def __getstate__(self):
         return {"url": self.url, "n": self.n}
@@ -53,6 +51,16 @@ class RemoteObjects(Dataset):
 
     def __len__(self):
         return self.n
+
+
+class RemoteObjects(_Objects):
+    """Object i of the store at `url`, fetched with one urllib3 pool per process (shared by its
+    threads, as urllib3 allows), as a uint8 tensor, and i."""
+
+    def __init__(self, url: str, n: int):
+        super().__init__(url, n)
+        self._pool = None
+        self._pid = None
 
     def _http(self):
         if self._pid != os.getpid():  # a pool is never used across fork
@@ -69,24 +77,15 @@ class RemoteObjects(Dataset):
         return torch.frombuffer(bytearray(r.data), dtype=torch.uint8), i
 
 
-class AsyncRemoteObjects(Dataset):
+class AsyncRemoteObjects(_Objects):
     """The same objects through ``async def __getitem__``: keep-alive HTTP/1.1 on asyncio streams,
     a few connections per event loop."""
 
     def __init__(self, url: str, n: int):
-        self.url, self.n = url, n
+        super().__init__(url, n)
         host, _, port = url.removeprefix("http://").partition(":")
         self._host, self._port = host, int(port)
         self._idle: dict = {}  # event loop -> its idle connections
-
-    def __getstate__(self):
-        return {"url": self.url, "n": self.n}
-
-    def __setstate__(self, d):
-        self.__init__(d["url"], d["n"])
-
-    def __len__(self):
-        return self.n
 
     async def __getitem__(self, i):
         idle = self._idle.setdefault(id(asyncio.get_running_loop()), [])

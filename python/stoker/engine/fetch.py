@@ -24,6 +24,11 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {safe_str(exc)}"
 
 
+def _awaited(getitems, fl):
+    """`getitems` whose coroutine is awaited on `fl`'s event loop."""
+    return lambda idx: inflight.resolve(getitems(idx), fl)
+
+
 class Fetcher:
     """Fetches one task's samples. ``skipped`` collects (index, reason) of the last fetch;
     ``current`` is the index being loaded (for error reports); ``on_sample(index, position,
@@ -117,8 +122,8 @@ class Fetcher:
         getitems = getattr(ds, "__getitems__", None)
         if getitems:
             self._begin(index)
-            if fl.is_async:
-                return self._getitems_async(getitems, index)
+            if fl.is_async:  # an async def __getitems__: each call awaited on the worker's loop
+                getitems = _awaited(getitems, fl)
             if self.on_error == "raise":
                 return getitems(index)
             try:
@@ -207,28 +212,6 @@ class Fetcher:
             self.skipped.append((index, _reason(error)))
             return False, None
         raise error
-
-    def _getitems_async(self, getitems, index):
-        """An ``async def __getitems__``: one coroutine for the batch, awaited on the worker's
-        loop; under a policy other than "raise", a failure is looked for sample by sample."""
-        fl = self.inflight
-
-        def batch(idx):
-            return inflight.resolve(getitems(idx), fl)
-
-        if self.on_error == "raise":
-            return batch(index)
-        try:
-            return batch(index)
-        except Exception:
-            pass
-        data = []
-        for pos, i in enumerate(index):
-            self._begin(i, pos)
-            ok, sample = self._one(lambda i=i: batch([i])[0], i)
-            if ok:
-                data.append(sample)
-        return data
 
     def close(self) -> None:
         """Ends what loads samples at once (its threads, its event loop)."""
