@@ -23,7 +23,7 @@ def test_a_short_chaos_soak_loses_duplicates_corrupts_and_leaks_nothing(tmp_path
     assert rep["ok"] and r.returncode == 0, rep.get("failure", "") + r.stderr[-3000:]
     assert set(rep["phases"]) == {"fork-persistent-retry", "fork-skip-poison",
                                   "spawn-persistent-retry", "fork-unordered-retry",
-                                  "node-retry"}
+                                  "node-retry", "fork-threads-skip-poison"}
     assert all(p["epochs"] >= 2 for p in rep["phases"].values()), rep["phases"]
     assert rep["kills_survived"] >= 10 and rep["deaths"] >= 10, rep
     assert rep["kill_moments"]["busy"] > 0, rep

@@ -11,6 +11,8 @@ Phases rotate until the time is up, each a fresh loader run for a few epochs:
 - fork, in_order=False, retry;
 - the node's pool (placement=stoker.Node()), retry: its workers killed, and now and then the
   pool itself;
+- fork, persistent, skip with a poison sample, threads_per_worker=8: a kill takes a batch
+  whose samples load at once (re-issued one sample at a time, so the poison is still named);
 - with --ray-address (tests/soak/with_ray.sh starts a cluster), Ray actors, retry: their
   processes killed by the pids they give.
 
@@ -199,6 +201,9 @@ PHASES = [
     dict(name="fork-unordered-retry", context="fork", persistent=True, on_error="retry",
          in_order=False),
     dict(name="node-retry", context=None, persistent=True, on_error="retry", node=True),
+    # many samples in flight in each worker: a kill takes a whole batch loading at once
+    dict(name="fork-threads-skip-poison", context="fork", persistent=True, on_error="skip",
+         poison=True, threads=8),
 ]
 # With --ray-address (a cluster on this machine: tests/soak/with_ray.sh starts one): workers
 # as Ray actors, their processes killed as the others'.
@@ -221,7 +226,8 @@ def run_phase(spec: dict, killer: Killer, until: float, rng: random.Random, n: i
     kw = dict(batch_size=8, sampler=sampler, num_workers=2, on_error=spec["on_error"],
               max_retries=3, max_restarts=1_000_000, persistent_workers=spec["persistent"],
               in_order=spec.get("in_order", True),
-              quarantine_after=2 if poison else 1_000_000)
+              quarantine_after=2 if poison else 1_000_000,
+              threads_per_worker=spec.get("threads", 1))
     if spec.get("context"):
         kw["multiprocessing_context"] = spec["context"]
     if spec.get("node"):
