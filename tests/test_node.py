@@ -397,6 +397,29 @@ def test_poison_sample_segfault_named_and_quarantined(monkeypatch):
     assert all(d.get("index") == 7 for d in deaths), deaths
 
 
+def test_threads_in_pool_workers_a_segfault_is_named_not_its_batch_mates(monkeypatch):
+    """threads_per_worker in the pool's workers: the batches of one thread; a sample that
+    segfaults while its batch-mates load at once costs the pool worker, the rank re-issues the
+    batch one sample at a time, the pool loads it so, and the culprit alone is named and then
+    quarantined (before, the whole batch died again and again until max_restarts)."""
+    import stoker
+    from scenario_datasets import KillsSelfAt, Squares
+
+    monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")
+    plain = [y.tolist() for _, y in stoker.DataLoader(Squares(), batch_size=8, num_workers=2)]
+    dl = stoker.DataLoader(Squares(), batch_size=8, num_workers=2, threads_per_worker=4,
+                           placement=_node("thr"))
+    assert [y.tolist() for _, y in dl] == plain
+    dl = stoker.DataLoader(KillsSelfAt(21, signal.SIGSEGV), batch_size=8, num_workers=2,
+                           threads_per_worker=8, on_error="skip", placement=_node("thr-segv"))
+    got = sorted(int(i) for _, y in dl for i in y)
+    assert got == [i for i in range(64) if i != 21]
+    assert [s.index for s in dl.skipped] == [21], dl.skipped
+    named = {d.index for d in dl.deaths if d.index is not None}
+    assert named == {21}, dl.deaths
+    assert len(dl.deaths) <= 3, dl.deaths
+
+
 def test_hang_in_a_pool_worker_is_killed_and_named(monkeypatch):
     import stoker
     from scenario_datasets import HangsAt

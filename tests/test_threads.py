@@ -12,6 +12,11 @@ def test_every_sample_once_in_order(scenario, async_dataset):
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
+def test_the_next_batch_loads_while_the_last_samples_do(scenario):
+    r = scenario("threads_in_workers.next_batch_loads_while_the_last_samples_do", timeout=120)
+    assert "OK" in r.stdout, r.stdout + r.stderr
+
+
 def test_bit_identical_under_per_sample_seed(scenario):
     r = scenario("threads_in_workers.bit_identical_under_per_sample_seed", timeout=120)
     assert "OK" in r.stdout, r.stdout + r.stderr
@@ -48,24 +53,48 @@ def test_a_real_s3_api_read_from_worker_threads(scenario):
     assert "OK" in r.stdout, r.stdout + r.stderr
 
 
+def _judge(w, samples, wall_s, cpu_s):
+    """Batches like this one until `w` decides (its width's first batch is never judged)."""
+    before = (w.now, w.settled)
+    for _ in range(64):
+        w.observe(samples, wall_s, cpu_s)
+        if (w.now, w.settled) != before:
+            return
+    raise AssertionError(f"no decision at width {w.now}")
+
+
 def test_auto_widens_while_waiting_and_ignores_a_short_batch():
     from stoker.engine.inflight import Width
 
     w = Width("auto")
-    assert w.now == 4
+    start = w.now
     w.observe(32, 0.2, 0.01)  # the first batch at a width is not judged
-    w.observe(32, 0.2, 0.01)  # waiting: on a CPU 5% of the time
-    assert w.now > 4 and not w.settled
+    assert w.now == start
+    _judge(w, 32, 0.2, 0.01)  # waiting: on a CPU 5% of the time
+    assert w.now > start and not w.settled
     wide = w.now
     w.observe(32, 0.02, 0.001)  # (fresh)
-    w.observe(5, 1.0, 0.001)  # a short last batch: slow, but not the width's fault
+    for _ in range(5):
+        w.observe(5, 1.0, 0.001)  # a short last batch: slow, but not the width's fault
     assert w.now >= wide and not w.settled
+
+
+def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
+    from stoker.engine.inflight import Width
+
+    for rate_after, kept in ((0.95, True), (0.5, False)):
+        w = Width("auto")
+        start = w.now
+        _judge(w, 32, 0.2, 0.01)  # 160 samples/s, waiting
+        wide = w.now
+        assert wide > start
+        _judge(w, 32, 0.2 / rate_after, 0.01)
+        assert w.settled and w.now == (wide if kept else start), (rate_after, w.now)
 
 
 def test_auto_stays_at_one_thread_when_the_worker_computes():
     from stoker.engine.inflight import Width
 
     w = Width("auto")
-    w.observe(32, 0.5, 0.5)
-    w.observe(32, 0.5, 0.49)
+    _judge(w, 32, 0.5, 0.49)
     assert (w.now, w.settled) == (1, True)

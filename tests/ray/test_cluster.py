@@ -141,6 +141,24 @@ def test_a_segfault_in_a_remote_getitem_is_named_and_its_batch_reissued(clean, t
     del e
 
 
+def test_threads_in_each_actor_same_batches_and_a_segfault_mid_batch_loses_nothing(clean,
+                                                                                  tmp_path):
+    """threads_per_worker on Ray actors: the batches of one thread; a sample that segfaults with
+    its batch-mates in flight costs its actor, and its batch is re-issued (one sample at a time)
+    to the replacement: every sample once, in order. (A dead actor leaves no status page to read,
+    so Ray names no sample of a segfault, with threads or without.)"""
+    plain = labels(stoker.DataLoader(Squares(64), batch_size=8, num_workers=2))
+    threaded = stoker.DataLoader(Squares(64), batch_size=8, num_workers=2, threads_per_worker=4,
+                                 placement=ray_placement())
+    assert labels(threaded) == plain
+    loader = stoker.DataLoader(KillsOnceAt({21}, str(tmp_path), signum=signal.SIGSEGV),
+                               batch_size=8, num_workers=2, threads_per_worker=8,
+                               placement=ray_placement())
+    assert labels(loader) == list(range(64))
+    (death,) = loader.deaths
+    assert "ended unexpectedly" in death.cause, death
+
+
 def test_an_actor_killed_mid_epoch_is_restarted_and_nothing_is_lost(clean):
     """The actor's process is SIGKILLed from outside while it loads: a worker death, its batches
     re-issued to its replacement exactly once."""

@@ -23,7 +23,7 @@ def labels(batches) -> list:
 
 
 class Waits(Squares):
-    """Each sample waits `ms` (a network read); records how many loaded at once."""
+    """Each sample waits `ms` (a network read)."""
 
     def __init__(self, n=64, ms=20):
         super().__init__(n)
@@ -32,6 +32,33 @@ class Waits(Squares):
     def __getitem__(self, i):
         time.sleep(self.ms / 1000)
         return super().__getitem__(i)
+
+
+class CountsAtOnce(Waits):
+    """Waits, and says with each sample the most samples that loaded at once in its worker so
+    far."""
+
+    def __init__(self, n=64, ms=50):
+        super().__init__(n, ms)
+        self._lock = threading.Lock()
+        self._now = self._most = 0
+
+    def __getstate__(self):
+        return {"n": self.n, "shape": self.shape, "ms": self.ms}
+
+    def __setstate__(self, d):
+        self.__init__(d["n"], d["ms"])
+
+    def __getitem__(self, i):
+        with self._lock:
+            self._now += 1
+            self._most = max(self._most, self._now)
+        try:
+            x, y = super().__getitem__(i)
+        finally:
+            with self._lock:
+                self._now -= 1
+        return x, y, self._most
 
 
 class AsyncWaits(Squares):
@@ -132,6 +159,20 @@ def every_sample_once_in_order(async_dataset=False):
     took = time.monotonic() - start
     # 64 samples of 20 ms: 1.28 s one at a time; 16 at once: 4 rounds (80 ms) plus start-up
     assert took < 1.0, took
+    print("OK")
+
+
+def next_batch_loads_while_the_last_samples_do():
+    """A worker's next task (queued within prefetch_factor) starts its samples on the threads
+    that the batch loading now leaves free: with 16 threads and batches of 8, up to 16 samples
+    of two batches load at once (never more), and the batches are still those of one thread."""
+    dl = stoker.DataLoader(CountsAtOnce(), batch_size=8, num_workers=1, threads_per_worker=16,
+                           prefetch_factor=2)
+    plain = [b[1].tolist() for b in stoker.DataLoader(Squares(), batch_size=8, num_workers=1)]
+    got = list(dl)
+    assert [b[1].tolist() for b in got] == plain
+    most = max(int(m) for b in got for m in b[2])
+    assert 8 < most <= 16, most
     print("OK")
 
 

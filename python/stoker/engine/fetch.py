@@ -104,13 +104,36 @@ class Fetcher:
                     return False, None
                 raise
 
-    def fetch(self, index):
+    def fetch(self, index, task=None, lookahead=None):
+        """The samples of `index` (task number `task`), under the policy. `lookahead()`: see
+        ``inflight.InFlight.map`` (the worker starts its next task's samples with
+        ``start_ahead`` while this one's last ones load)."""
         self.skipped = []
         if self.kind == MAP:
-            return self._fetch_map(index)
+            return self._fetch_map(index, task, lookahead)
         return self._fetch_iterable(index)
 
-    def _fetch_map(self, index):
+    def loads_at_once(self, index) -> bool:
+        """Whether `index`'s samples load at once on threads, so that a next task's may start
+        ahead (``start_ahead``): a map-style batch of several, no __getitems__, not async."""
+        fl = self.inflight
+        return (self.kind == MAP and self.auto_collation and fl is not None
+                and not fl.is_async and fl.width.now > 1 and isinstance(index, list)
+                and len(index) > 1 and getattr(self.dataset, "__getitems__", None) is None)
+
+    def start_ahead(self, task, index) -> None:
+        """Starts loading task `task`'s samples (``loads_at_once(index)``) on the threads left
+        free; its ``fetch`` takes them up."""
+        self.inflight.start_ahead(task, self._load, list(enumerate(index)))
+
+    def _load(self, item):
+        """One sample of a batch loading at once (on a loading thread): (position, index)."""
+        pos, i = item
+        if self.on_sample is not None:
+            self.on_sample(i, pos, None)
+        return self.dataset[i]
+
+    def _fetch_map(self, index, task=None, lookahead=None):
         ds = self.dataset
         fl = self.inflight
         if not self.auto_collation:
@@ -137,7 +160,7 @@ class Fetcher:
                 if ok:
                     data.append(sample)
         elif fl.concurrent and (len(index) > 1 or fl.is_async):
-            data = self._fetch_at_once(index)
+            data = self._fetch_at_once(index, task, lookahead)
         else:
             data = []
             for pos, i in enumerate(index):
@@ -150,20 +173,13 @@ class Fetcher:
             raise AllSkipped()
         return data
 
-    def _fetch_at_once(self, index):
+    def _fetch_at_once(self, index, task=None, lookahead=None):
         """A batch's samples loaded at once (threads or coroutines), then each outcome under the
         policy in sampler order: the first failure (in that order) is the one raised, a retry
         loads that sample again on its own, a skip is recorded in order."""
-        ds, fl = self.dataset, self.inflight
+        fl = self.inflight
         serial, self.serial = self.serial, False
-        on_sample = self.on_sample
-
-        def load(item):
-            pos, i = item
-            if on_sample is not None:
-                on_sample(i, pos, None)
-            return ds[i]
-
+        load = self._load
         progress = None
         if self.on_batch is not None:
             def progress(in_flight):
@@ -171,7 +187,8 @@ class Fetcher:
         # (one at a time, the status page names each sample: a death then names its own)
         self.at_once = not serial and min(fl.width.now, len(index)) > 1
         try:
-            outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress)
+            outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress,
+                              key=task, lookahead=None if serial else lookahead)
         finally:
             self.at_once = False
             if self.on_batch is not None:

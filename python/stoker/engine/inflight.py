@@ -22,28 +22,36 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 
-# "auto" doubles while the worker's CPU time is below this share of its wall time in the batch
+# "auto" widens while the worker's CPU time is below this share of its wall time
 WAITING_SHARE = 0.6
-GAIN = 1.05  # ... and the samples per second rose by at least this factor
-START = 4  # where "auto" starts: a batch of it tells waiting from computing
+GAIN = 1.05  # one whose CPU is busy tries a doubling when its last jump gained this factor
+LOSS = 0.75  # a jump whose samples per second fell below this factor of the width before's
+START = 8  # where "auto" starts: a batch of it tells waiting from computing
 JUMP = 0.8  # a waiting worker widens to this share of what would keep its CPU busy
+# A width is judged over full batches (after its first) holding at least this many samples per
+# thread: with the next batch's samples loading during one batch's last ones, a batch no larger
+# than the width says little alone, while a batch of many rounds of the threads is enough.
+JUDGED_ROUNDS = 2
 
 
 class Width:
-    """How many samples of a batch load at once: fixed, or tuned ("auto") batch by batch.
+    """How many samples load at once: fixed, or tuned ("auto") as batches are delivered.
 
-    "auto" starts at START. After each batch it compares the worker's CPU time with the batch's
-    wall time: a worker that computes in its first batch (CPU at least WAITING_SHARE of the wall
-    time) goes to one thread and stays there; one that waits jumps by the share it waited (a worker on the CPU 5% of the time could run about 20
-    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to the
-    batch's size, as long as each jump raised the samples per second by GAIN (once its CPU is
-    busy it tries a doubling); a jump that did not pay goes back to the best width seen."""
+    "auto" starts at START. Each width is judged over the full batches after its first (which
+    pays for what is new: threads, connections) that hold JUDGED_ROUNDS samples per thread:
+    their samples per second (from one batch's end to the next's, as the worker delivers them),
+    and the worker's CPU time against that wall time. A worker that computes at its first width
+    (CPU at least WAITING_SHARE of the wall time) goes to one thread and stays there. One that
+    waits jumps by the share it waited (a worker on the CPU 5% of the time could run about 20
+    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to
+    the batch's size (MAX_THREADS at most), as long as no jump lost samples per second (below
+    LOSS of the width before: it goes back to the best width seen, and stays). Once its CPU is
+    busy it tries one doubling more if the last jump gained GAIN, and stays."""
 
     def __init__(self, setting):
         self.auto = setting == "auto"
@@ -55,6 +63,7 @@ class Width:
         # the first batch at a width pays for what the width is new to (connections opened,
         # threads started, imports): the next one measures it
         self._fresh = True
+        self._window = [0, 0.0, 0.0, 0]  # samples, wall s, CPU s, batches at this width
 
     def _best(self) -> int:
         return max(self._rate_at, key=self._rate_at.__getitem__)
@@ -68,21 +77,35 @@ class Width:
             return
         if self._fresh:
             self._fresh = False
+            self._window = [0, 0.0, 0.0, 0]
             return
+        win = self._window
+        win[0] += samples
+        win[1] += wall_s
+        win[2] += cpu_s
+        win[3] += 1
+        if win[0] < JUDGED_ROUNDS * self.now:
+            return
+        samples, wall_s, cpu_s = win[0], win[1], win[2]
         w = self.now
         rate = self._rate_at[w] = samples / wall_s
-        if self._before is not None and rate < GAIN * self._rate_at[self._before]:
-            self.now, self.settled = self._best(), True  # the last jump did not pay
-            return
         computing = cpu_s >= WAITING_SHARE * wall_s
-        if computing and len(self._rate_at) == 1:
-            # its first batch kept the CPU busy: more threads would only share the GIL
+        before = self._rate_at.get(self._before) if self._before is not None else None
+        if before is not None and rate < LOSS * before:
+            self.now, self.settled = self._best(), True  # the last jump lost: undone
+            return
+        if computing and before is None:
+            # its first batches kept the CPU busy: more threads would only share the GIL
             self.now, self.settled = 1, True
             return
-        # a worker that waits jumps by the share it waited; one whose CPU is busy now tries
-        # one doubling, which the samples per second then judge
+        if computing and before is not None and rate < GAIN * before:
+            self.settled = True  # its CPU is busy now, and the last jump gained little
+            return
+        # A worker that waits jumps by the share it waited (whatever the samples per second
+        # said, short of a loss: a rate over a few batches on a busy machine is only so exact);
+        # one whose CPU became busy with a jump that paid tries one doubling.
         factor = 2 if computing else max(2, int(JUMP * wall_s / max(cpu_s, 1e-6)))
-        wider = min(MAX_THREADS, samples, w * factor)
+        wider = min(MAX_THREADS, self._size, w * factor)
         if wider <= w:
             self.settled = True
             return
@@ -111,6 +134,9 @@ class InFlight:
         self._pool_size = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
+        self._ahead: dict = {}  # batch key -> the futures of its items, started ahead
+        self._ahead_at: dict = {}  # batch key -> when they started (_now())
+        self._done_at: tuple | None = None  # when the last batch was done (_now())
 
     @property
     def concurrent(self) -> bool:
@@ -118,12 +144,16 @@ class InFlight:
         as before threads existed)."""
         return self.is_async or self.width.auto or self.width.now > 1
 
-    def map(self, load, items, serial: bool = False, progress=None) -> list:
+    def map(self, load, items, serial: bool = False, progress=None, key=None,
+            lookahead=None) -> list:
         """`serial`: one at a time whatever the width (a batch re-issued after its worker died
         with several samples in flight, so the death names the one that caused it);
         `progress(in_flight)` is called on this thread before the first item and as each is
         done, with how many load at once now (the worker's hang watch then times the wait for
-        the next sample, not the whole batch)."""
+        the next sample, not the whole batch). Threads only: `key` names the batch, whose
+        items may have started already (``start_ahead``); `lookahead()` is called on this
+        thread whenever fewer items than threads are left loading, to start the next batch's
+        (it returns False once there is nothing more to start for now)."""
         n = 1 if serial else min(self.width.now, len(items))
         if progress is not None:
             total, report = len(items), progress
@@ -134,7 +164,10 @@ class InFlight:
                 done[0] += 1
 
             progress()
-        wall, cpu = time.monotonic(), time.process_time()
+        begin = _now()
+        if key in self._ahead_at:  # its samples started while the batch before loaded: its
+            # time is from when that one was done (what the worker delivers per second)
+            begin = max(self._ahead_at.pop(key), self._done_at or begin)
         if self.is_async:
             out = self._run_async(load, items, n, progress)
         elif n <= 1:
@@ -144,14 +177,17 @@ class InFlight:
                 if progress is not None:
                     progress()
         else:
-            out = self._run_threads(load, items, n, progress)
+            out = self._run_threads(load, items, progress, key, lookahead)
+        end = self._done_at = _now()
         if not serial:
-            self.width.observe(len(items), time.monotonic() - wall, time.process_time() - cpu)
+            self.width.observe(len(items), end[0] - begin[0], end[1] - begin[1])
         return out
 
     # -- threads ---------------------------------------------------------------------------------
     def _threads(self, n: int) -> ThreadPoolExecutor:
-        if self._pool is not None and (self._pool_size < n or self._pid != os.getpid()):
+        # exactly n threads, so that at most n samples load at once, the next batch's too
+        # (a pool let go finishes what it was given: a batch started ahead on it completes)
+        if self._pool is not None and (self._pool_size != n or self._pid != os.getpid()):
             if self._pid == os.getpid():
                 self._pool.shutdown(wait=False)
             self._pool = None  # (a pool copied by fork has no threads: never used again)
@@ -160,22 +196,40 @@ class InFlight:
             self._pool_size, self._pid = n, os.getpid()
         return self._pool
 
-    def _run_threads(self, load, items, n: int, progress=None) -> list:
+    def _run_threads(self, load, items, progress, key, lookahead) -> list:
+        # the width's threads, whatever the batch's size: those its samples leave free load
+        # the next batch's (lookahead)
+        n = self.width.now
         pool = self._threads(n)
-        if n < self._pool_size:  # a narrower width now ("auto"): at most n at once
-            gate = threading.BoundedSemaphore(n)
-
-            def gated(it):
-                with gate:
-                    return _call(load, it)
-
-            futures = [pool.submit(gated, it) for it in items]
-        else:
+        futures = self._ahead.pop(key, None) if key is not None else None
+        if futures is None:
             futures = [pool.submit(_call, load, it) for it in items]
-        if progress is not None:
-            for _ in as_completed(futures):
+        if progress is None and lookahead is None:
+            return [f.result() for f in futures]
+        left = len(futures)
+        for _ in as_completed(futures):
+            left -= 1
+            if progress is not None:
                 progress()
+            if lookahead is not None and left < n and not lookahead():
+                lookahead = None
         return [f.result() for f in futures]
+
+    def start_ahead(self, key, load, items) -> None:
+        """Starts loading `items` of the batch `key` (the worker's next task) on the threads
+        that the batch loading now leaves free; ``map(..., key=key)`` takes them up. Only while
+        a batch loads on threads (its width > 1)."""
+        pool = self._threads(self.width.now)
+        self._ahead[key] = [pool.submit(_call, load, it) for it in items]
+        self._ahead_at[key] = _now()
+
+    def drop_ahead(self) -> None:
+        """Forgets the batches started ahead (a new epoch: none is left to take them up)."""
+        for futures in self._ahead.values():
+            for f in futures:
+                f.cancel()
+        self._ahead.clear()
+        self._ahead_at.clear()
 
     # -- an event loop ---------------------------------------------------------------------------
     def _run_async(self, load, items, n: int, progress=None) -> list:
@@ -204,12 +258,18 @@ class InFlight:
         return self._loop.run_until_complete(every())
 
     def close(self) -> None:
+        self.drop_ahead()
         if self._pool is not None and self._pid == os.getpid():
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = None
         if self._loop is not None and self._pid == os.getpid():
             self._loop.close()
         self._loop = None
+
+
+def _now() -> tuple[float, float]:
+    """(wall clock, this process's CPU time), in seconds."""
+    return time.monotonic(), time.process_time()
 
 
 def _call(load, item):

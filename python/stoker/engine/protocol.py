@@ -47,6 +47,10 @@ MODE_AS_IS = _stoker.MODE_AS_IS
 
 _INDEX_INT64 = 0
 _INDEX_PICKLED = 1
+# A task's word `a` is its index format, and this bit: load the task one sample at a time
+# whatever threads_per_worker says (it is re-issued after its worker died with several of its
+# samples in flight: the next death then names the sample that caused it).
+ONE_AT_A_TIME = 1 << 8
 _PLAIN_INT = frozenset((int,))  # bool, numpy ints... travel pickled, with their types
 
 
@@ -60,6 +64,17 @@ def encode_index(index) -> tuple[int, bytes]:
         except OverflowError:
             pass
     return _INDEX_PICKLED, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def encode_task(index, one_at_a_time: bool = False) -> tuple[int, bytes]:
+    """(word, payload) of a task message: ``encode_index``, and the ONE_AT_A_TIME bit."""
+    fmt, payload = encode_index(index)
+    return (fmt | ONE_AT_A_TIME if one_at_a_time else fmt), payload
+
+
+def decode_task(word: int, payload: bytes) -> tuple[object, bool]:
+    """(index, one at a time) of a task message."""
+    return decode_index(word & ~ONE_AT_A_TIME, payload), bool(word & ONE_AT_A_TIME)
 
 
 def decode_index(fmt: int, payload: bytes):

@@ -16,7 +16,8 @@ Thread contract: a loop runs on one thread of its worker, the one that runs the 
 
 from __future__ import annotations
 
-import dataclasses
+import collections
+import select
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -75,10 +76,8 @@ class WorkerConfig:
     # the node pool's workers load a rank's dataset, whose classes may live in its script.
     prepare: dict | None = None
     # threads_per_worker: a batch's samples loaded at once (engine/inflight.py); "auto" tunes it
+    # (a task re-issued after a death comes with protocol.ONE_AT_A_TIME: loaded one by one)
     threads_per_worker: int | str = 1
-    # tasks to load one sample at a time: re-issued after a death of a worker that had several
-    # samples of them in flight, so that the next death names the sample (supervision.py)
-    serial_tasks: frozenset = frozenset()
 
     @property
     def keeps_rng(self) -> bool:
@@ -112,6 +111,11 @@ class WorkerLoop:
         self._last_state = None  # the state sent last (an unchanged one is not sent again)
         self._rng = rng_state.Tracker() if config.keeps_rng else None
         self._thread = threading.get_ident()  # the one that writes the status page
+        # messages read ahead (``_look_ahead``), handled next, in order; whether every one of them
+        # is a task started ahead (else nothing more starts ahead until they are handled)
+        self._pending: collections.deque = collections.deque()
+        self._started_ahead = True
+        self._read_ahead = None  # a poll of the channel, under serve()
 
     # -- start -----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -171,6 +175,8 @@ class WorkerLoop:
         carried = None
         if self.fetcher is not None:  # a new epoch: the loop, threads and "auto" carry on
             carried = self.fetcher.inflight
+            if carried is not None:
+                carried.drop_ahead()  # (none is left: a new epoch's message stops looking ahead)
         f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
                     c.max_retries, self._on_sample, stream_state.position_of(mine),
                     threads=c.threads_per_worker, on_batch=self._on_batch, carried=carried)
@@ -183,13 +189,43 @@ class WorkerLoop:
     # -- the loop --------------------------------------------------------------------------------
     def serve(self) -> None:
         """Serves messages until the main process says stop or closes the channel; the
-        endpoint must be a ``ChannelEndpoint`` (it has ``receive()``)."""
+        endpoint must be a ``ChannelEndpoint`` (it has ``receive()`` and ``fd``). While a
+        batch's last samples load on threads, the next tasks waiting in the channel start
+        theirs (``_look_ahead``); every message is still handled in the order it came."""
         ep = cast(ChannelEndpoint, self.endpoint)
+        self._read_ahead = select.poll()
+        self._read_ahead.register(ep.fd, select.POLLIN)
         while True:
-            ep.enter(protocol.STATE_IDLE, self.task, None)
-            msg = ep.receive()
+            if self._pending:
+                msg = self._pending.popleft()
+            else:
+                ep.enter(protocol.STATE_IDLE, self.task, None)
+                msg = ep.receive()
             if msg is None or not self.handle(*msg):
                 break
+
+    def _look_ahead(self) -> bool:
+        """Reads the next message if one waits; a task whose samples load at once on threads
+        starts them now (the threads the batch loading now leaves free take them). False once
+        nothing more may start ahead before the messages read are handled: a message of another
+        kind, or a task that loads otherwise, keeps its place and what follows it waits."""
+        ep = cast(ChannelEndpoint, self.endpoint)
+        if self._read_ahead is None or (self._pending and not self._started_ahead):
+            return False
+        if not self._read_ahead.poll(0):
+            return True  # nothing waits now: look again as the next sample is done
+        msg = ep.receive()
+        self._pending.append(msg)
+        if msg is None or msg[0] != MSG_TASK:
+            self._started_ahead = False
+            return False
+        index, one_at_a_time = protocol.decode_task(msg[2], msg[3])
+        if one_at_a_time or self.fetcher is None or not self.fetcher.loads_at_once(index):
+            self._started_ahead = False
+            return False
+        self.fetcher.start_ahead(msg[1], index)
+        self._started_ahead = True
+        return True
 
     def handle(self, mtype: int, task: int, fmt: int, payload: bytes) -> bool:
         """One message from the main process; False for STOP. (A placement that delivers
@@ -197,17 +233,16 @@ class WorkerLoop:
         if mtype == MSG_STOP:
             return False
         if mtype == MSG_RESUME:
-            if self.config.serial_tasks:  # task numbers start again each epoch
-                self.config = dataclasses.replace(self.config, serial_tasks=frozenset())
             self._begin_epoch(task, payload)
         elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
             self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
         elif mtype == MSG_TASK and not self.ended:
             self.task = task
             self._thread = threading.get_ident()  # (an actor may serve on another thread)
+            index, one_at_a_time = protocol.decode_task(fmt, payload)
             if self.fetcher is not None:
-                self.fetcher.serial = task in self.config.serial_tasks
-            self._run_task(task, protocol.decode_index(fmt, payload))
+                self.fetcher.serial = one_at_a_time
+            self._run_task(task, index)
         return True
 
     def _begin_epoch(self, epoch: int, payload: bytes) -> None:
@@ -239,7 +274,7 @@ class WorkerLoop:
             if self.restored_ended:  # its stream had run out when the state was taken
                 self.restored_ended = False
                 raise StopIteration
-            data = self.fetcher.fetch(index)
+            data = self.fetcher.fetch(index, task, self._look_ahead)
         except StopIteration:
             if kind == ITERABLE:
                 self.ended = True

@@ -55,6 +55,10 @@ class Supervision:
         self._beginning = False  # persistent workers are being told a new epoch begins
         self._awaiting: set = set()  # ... and have not answered yet
         self._restarted_meanwhile: set = set()
+        # tasks re-issued after a death of a worker that had several of their samples in
+        # flight (threads_per_worker): loaded one sample at a time wherever they go, so that a
+        # sample that kills again is named (and, after quarantine_after deaths, quarantined)
+        self._one_at_a_time: set = set()
         self._poll = None  # also looked at while waiting (pending(), poll())
 
     @property
@@ -99,7 +103,8 @@ class Supervision:
 
     # -- sending ---------------------------------------------------------------------------------
     def send_task(self, worker_id: int, task: int, index) -> None:
-        if not self.workers.send_task(worker_id, task, index) and \
+        one_at_a_time = task in self._one_at_a_time
+        if not self.workers.send_task(worker_id, task, index, one_at_a_time) and \
                 self.workers.view(worker_id) is None:
             # A dying worker's tasks are re-issued when its death is seen; one that is not
             # running at all would never answer: fail loudly rather than wait forever.
@@ -123,6 +128,7 @@ class Supervision:
         first `limit` that are not running (their stream ended). Late results of the old epoch
         are dropped."""
         self._beginning = True
+        self._one_at_a_time.clear()  # (task numbers start again each epoch)
         waiting = self._awaiting
         for w in range(self.workers.num_workers):
             if self.workers.view(w) is not None:
@@ -282,11 +288,9 @@ class Supervision:
         _, state = self._cursor.restart_state(ex.worker)
         if state is not None:
             config = dataclasses.replace(config, stream_states={ex.worker: state})
-        if config.threads_per_worker != 1 and tasks:
-            # It had (or may have had) a batch's samples in flight at once: the new worker loads
-            # these tasks one sample at a time, so a sample that kills it again is named (and,
-            # once named by quarantine_after deaths, quarantined).
-            config = dataclasses.replace(config, serial_tasks=frozenset(tasks))
+        if config.threads_per_worker != 1:
+            # It had (or may have had) a batch's samples in flight at once.
+            self._one_at_a_time.update(tasks)
         self.start(ex.worker, config)
         if self._beginning:
             self._restarted_meanwhile.add(ex.worker)

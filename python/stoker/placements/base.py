@@ -101,9 +101,11 @@ class Workers(abc.ABC):
 
     # -- messages --------------------------------------------------------------------------------
     @abc.abstractmethod
-    def send_task(self, worker_id: int, task: int, index) -> bool:
-        """Sends task number `task` (the sampler's `index`: a list of indices or one index).
-        False when the worker is gone; its end is reported by ``wait``."""
+    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
+        """Sends task number `task` (the sampler's `index`: a list of indices or one index);
+        `one_at_a_time`: its samples load one by one whatever threads_per_worker says (a task
+        re-issued after a death with several of its samples in flight). False when the worker
+        is gone; its end is reported by ``wait``."""
 
     @abc.abstractmethod
     def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:

@@ -228,8 +228,8 @@ class LocalProcesses(Workers):
             rec.last_sent = sent_at
         return True
 
-    def send_task(self, worker_id: int, task: int, index) -> bool:
-        fmt, payload = protocol.encode_index(index)
+    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
+        fmt, payload = protocol.encode_task(index, one_at_a_time)
         return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
 
     def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:

@@ -91,6 +91,8 @@ class Task:
     began: bool = False  # the ranks heard that a started worker took it
     sent_at: float = 0.0  # when it went to its worker
     killed: bool = False  # its worker was killed for not finishing its start-up
+    # a rank re-issued it after a death with its samples in flight (protocol.ONE_AT_A_TIME)
+    one_at_a_time: bool = False
 
 
 @dataclasses.dataclass
@@ -384,6 +386,8 @@ class Group:
         if self.broken is not None:
             self._tell_death(a, self.broken)
             return
+        one_at_a_time = bool(fmt & protocol.ONE_AT_A_TIME)
+        fmt &= ~protocol.ONE_AT_A_TIME  # (the same batch, however its samples load)
         ident = (base_seed, epoch, fmt, payload)
         bid = self._held_by_ident.get(ident)
         if bid is not None:  # another rank of the group has it: the same slot
@@ -396,8 +400,9 @@ class Group:
         if same is not None:
             self.shared_seen = self.shared_seen or any(x.cid != cid for x in same.askers)
             same.askers.append(a)
+            same.one_at_a_time = same.one_at_a_time or one_at_a_time
             return
-        t = Task(ident, fmt, payload, [a])
+        t = Task(ident, fmt, payload, [a], one_at_a_time=one_at_a_time)
         self._by_ident[ident] = t
         self._queues[cid].append(t)
         self.dispatch()
@@ -448,7 +453,8 @@ class Group:
             self._running[pw] = task
             self._tell_began(task)
             if not self.workers.send_task(pw, task.number,
-                                          protocol.decode_index(task.fmt, task.payload)):
+                                          protocol.decode_index(task.fmt, task.payload),
+                                          task.one_at_a_time):
                 self._running[pw] = None  # its death is on its way; the task waits for another
                 task.worker = None
                 self._queues.setdefault(task.askers[0].cid, collections.deque()).appendleft(task)

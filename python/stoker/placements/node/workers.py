@@ -347,8 +347,8 @@ class NodeWorkers(Workers):
                 conn.send(("forget", w, self._gens[w]))
 
     # -- messages --------------------------------------------------------------------------------
-    def send_task(self, worker_id: int, task: int, index) -> bool:
-        fmt, payload = protocol.encode_index(index)
+    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
+        fmt, payload = protocol.encode_task(index, one_at_a_time)
         with self._lock:
             v = self._virtual.get(worker_id)
             conn = self._conn

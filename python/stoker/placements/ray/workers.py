@@ -144,8 +144,8 @@ class RayWorkers(Workers):
         ref = rec.handle.handle.remote(mtype, task, fmt, payload)
         rec.calls.append(Call(ref, kind, task, rec.last_sent))
 
-    def send_task(self, worker_id: int, task: int, index) -> bool:
-        fmt, payload = protocol.encode_index(index)
+    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
+        fmt, payload = protocol.encode_task(index, one_at_a_time)
         with self._lock:
             rec = self._actors.get(worker_id)
             if rec is None:
