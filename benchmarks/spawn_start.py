@@ -6,6 +6,10 @@ the total PSS (proportional set size: shared pages counted once overall) of the 
 its workers at the first batch, as a multiple of the main process's PSS before `iter()`.
 
     .venv/bin/python benchmarks/spawn_start.py [--size-mb 400] [--workers 4] [--method spawn]
+
+`--local-class` adds a run of stoker with the dataset's class defined in a function, which pickle
+refuses and stoker carries by value (torch cannot start it): its arrays still go beside the
+pickle, shared by every worker.
 """
 
 from __future__ import annotations
@@ -57,16 +61,23 @@ class Arrays:
         return self.items[i][:1024].astype("float32")
 
 
+def _local_class():
+    class LocalArrays(Arrays):  # pickle cannot find it by name: it goes by value
+        pass
+
+    return LocalArrays
+
+
 def one(who: str, size_mb: int, workers: int, method: str) -> dict:
     import torch
 
-    if who == "stoker":
+    if who.startswith("stoker"):
         import stoker
 
         DataLoader = stoker.DataLoader
     else:
         DataLoader = torch.utils.data.DataLoader
-    ds = Arrays(size_mb)
+    ds = (_local_class() if who == "stoker-local-class" else Arrays)(size_mb)
     base = pss_kb(os.getpid())
     loader = DataLoader(ds, batch_size=16, num_workers=workers, multiprocessing_context=method)
     t0 = time.perf_counter()
@@ -88,11 +99,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--method", default="spawn")
     p.add_argument("--only", default="")
+    p.add_argument("--local-class", action="store_true")
     a = p.parse_args()
     if a.only:
         print(json.dumps(one(a.only, a.size_mb, a.workers, a.method)))
         return
-    for who in ("torch", "stoker"):
+    for who in ("torch", "stoker") + (("stoker-local-class",) if a.local_class else ()):
         out = subprocess.run([sys.executable, __file__, "--only", who, "--size-mb", str(a.size_mb),
                               "--workers", str(a.workers), "--method", a.method],
                              capture_output=True, text=True, check=True)

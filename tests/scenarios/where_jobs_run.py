@@ -4,6 +4,7 @@ that are not ints."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -63,7 +64,12 @@ class Keys(Sampler):
 
 # A worker_init_fn no start method but fork can send: a lambda at a script's top level, which
 # pickle looks up by its name, "<lambda>", and does not find.
-_unpicklable_init = lambda i: None  # noqa: E731
+def _init_with(lock, worker_id):
+    pass
+
+
+# a lambda would cross by value (stoker/_by_value.py); a lock held by the function cannot
+_unpicklable_init = functools.partial(_init_with, threading.Lock())
 
 
 def _sleep_six_seconds(worker_id):

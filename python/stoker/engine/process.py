@@ -28,6 +28,7 @@ import signal
 import sys
 
 from .. import _stoker
+from .._by_value import Carried
 from .._errors import EngineError
 from . import fdpass, protocol
 from . import worker as _loop
@@ -103,11 +104,11 @@ def started_for_another() -> bool:
 
 
 def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
-                parent_pid: int, loader_token: int, sealed: Opened | None = None) -> None:
+                parent_pid: int, loader_token: int, sealed: Opened | Carried | None = None) -> None:
     """The process's target. `parent_pid`: the process whose exit ends this one (0: only the
     channel's EOF); `loader_token`: names the status page after the loader's board; `sealed`
-    (spawn and forkserver): the memfd holding the dataset, collate_fn and worker_init_fn that
-    `config` then lacks."""
+    (spawn and forkserver): what holds the dataset, collate_fn and worker_init_fn that `config`
+    then lacks (the sealed memfd, or a ``_by_value.Carried`` pickled for this worker alone)."""
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd = channel.fd

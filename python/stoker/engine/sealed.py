@@ -44,7 +44,7 @@ import sys
 import weakref
 from multiprocessing import context, reduction
 
-from .. import _pickling, _system
+from .. import _by_value, _pickling, _system
 from . import fdpass
 
 _MAGIC = b"STKSEAL1"
@@ -66,10 +66,11 @@ class PerWorker(Exception):
     spawn does. The message names it."""
 
 
-class _Writer(_pickling.Pickler, reduction.ForkingPickler):
+class _Writer(_by_value.Pickling, _pickling.Pickler, reduction.ForkingPickler):
     """Pickles into the memfd: buffers are written as they come, the pickle itself at the end.
     multiprocessing's reductions apply (its pipes, locks, shared ``Value``s, torch's CUDA
-    tensors), as when ``Process.start()`` pickles; stoker's tensor rule comes first."""
+    tensors), as when ``Process.start()`` pickles; stoker's tensor rule comes first, then what
+    pickle refuses goes by value (``stoker._by_value``)."""
 
     def __init__(self, fd: int, passed: list[int]):
         """`passed`: where the descriptors the pickle refers to go (the caller owns them)."""
@@ -120,7 +121,7 @@ class _Writer(_pickling.Pickler, reduction.ForkingPickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
         if torch is None:
-            return NotImplemented
+            return super().reducer_override(obj)
         if isinstance(obj, torch.Tensor):
             if obj.device.type not in ("cpu", "meta"):
                 raise PerWorker(f"a {obj.device.type} tensor (torch shares it once per worker)")

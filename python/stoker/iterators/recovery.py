@@ -66,9 +66,9 @@ class Recovery:
                           f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.cause} while "
                           "starting, before it loaded anything; its traceback, if any, is "
                           "above on stderr. With 'spawn' or 'forkserver' the dataset and "
-                          "collate_fn are pickled and the worker imports them again: classes "
-                          "defined in __main__ of an interactive session or `python -c` cannot "
-                          "be found there; define them in a module.")
+                          "collate_fn are pickled and the worker imports what they name: a "
+                          "module it cannot import, or a class that exists only in this process "
+                          "(patched in at run time), is not found there; define it in a module.")
         # Quarantine: a sample being loaded during `quarantine_after` deaths of one epoch is
         # poison. An unexplained SIGKILL counts too: a sample whose loading gets its worker killed
         # again when re-issued (by a watchdog reacting to it, say) is poison whoever sends the

@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from .. import _by_value
+
 
 def context_for(loader):
     """The multiprocessing context the loader's workers start with."""
@@ -37,16 +39,17 @@ def _cuda_initialized() -> bool:
 
 
 def unpicklable_part(dataset) -> str | None:
-    """Names the attribute of `dataset` that cannot be pickled (for spawn/forkserver)."""
+    """Names the attribute of `dataset` that cannot be pickled (for spawn/forkserver), as stoker
+    pickles for its workers (what pickle refuses by name goes by value: ``_by_value``)."""
     try:
-        pickle.dumps(dataset)
+        _by_value.dumps(dataset)
         return None
     except Exception as e:
         top_error = e
     attrs = getattr(dataset, "__dict__", {})
     for name, value in attrs.items():
         try:
-            pickle.dumps(value)
+            _by_value.dumps(value)
         except Exception as e:
             inner = unpicklable_part(value) if hasattr(value, "__dict__") else None
             path = f"dataset.{name}"
@@ -76,15 +79,16 @@ def start_explained(start, method: str, dataset, functions: dict) -> None:
         if culprit is None:
             for name, fn in functions.items():
                 try:
-                    pickle.dumps(fn)
+                    _by_value.dumps(fn)
                 except Exception as inner:
                     culprit = f"{name} ({fn!r}: {inner})"
                     break
         if culprit:
             raise type(e)(
                 f"{e}\nstoker: starting a worker with '{method}' pickles its arguments, and "
-                f"{culprit} cannot be pickled. Define it at module level, create it lazily "
-                "in the worker (in worker_init_fn or on first use in __getitem__), or use "
-                "multiprocessing_context='fork'."
+                f"{culprit} cannot be pickled. Open it in each worker instead: "
+                "stoker.per_worker(open_it) as a class attribute of the dataset opens it "
+                "lazily in each worker and never pickles it; or create it in worker_init_fn, "
+                "or use multiprocessing_context='fork'."
             ) from e
         raise

@@ -31,7 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from .. import _stoker, _system
+from .. import _by_value, _stoker, _system
 from .._errors import EngineError
 from ..engine import deaths, fdpass, protocol
 from ..engine.events import WorkerExited, from_message
@@ -140,11 +140,14 @@ class LocalProcesses(Workers):
         return sealed
 
     def start(self, worker_id: int, config) -> None:
-        sealed = None
+        sealed = carried = None
         if self.start_method != "fork":
             sealed = self._sealed_for(config)
-            if sealed is not None:
-                config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)
+            # what the worker starts from: the sealed memfd, or a pickle of its own (what pickle
+            # refuses goes by value in both: stoker._by_value)
+            carried = sealed if sealed is not None else _by_value.Carried(
+                (config.dataset, config.collate_fn, config.init_fn))
+            config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)
         main_end, child_end = _stoker.channel_pair()
         fdpass.track(main_end, child_end)
         try:
@@ -153,7 +156,7 @@ class LocalProcesses(Workers):
                 args=(fdpass.ChannelFd(child_end), worker_id, config,
                       # The worker checks that its parent is still there; under forkserver its
                       # parent is the fork server, not this process (the channel covers us).
-                      parent_pid_for(self.start_method), self._token, sealed),
+                      parent_pid_for(self.start_method), self._token, carried),
                 daemon=True,
             )
             if sealed is None:
