@@ -18,7 +18,8 @@ PACKAGE = os.path.dirname(stoker.__file__)
 LAYERS = [
     ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
                 "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
-                "stoker._plain", "stoker._advice"]),
+                "stoker._plain", "stoker._advice", "stoker._by_value",
+                "stoker._per_worker"]),
     ("config", ["stoker.config"]),
     ("engine", ["stoker.engine"]),
     # what stoker 0.1's pickles name (its records, and config's and engine's classes)

@@ -34,6 +34,7 @@ from ._errors import (
     WorkerHung,
 )
 from ._info import get_worker_info, sample_seed
+from ._per_worker import per_worker
 from ._shared_list import SharedList
 from .config.placement import Node, Ray
 
@@ -61,6 +62,7 @@ __all__ = [
     "WorkerError",
     "WorkerHung",
     "get_worker_info",
+    "per_worker",
     "sample_seed",
 ]
 
