@@ -18,15 +18,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The suite's own temp directory, for it and every process it starts, removed at its end: what a
 # test leaves there is seen by the fixture below, whatever else on the machine uses /tmp (another
 # checkout's suite), and nothing is left in /tmp after the run.
-SESSION_TEMP = tempfile.mkdtemp(prefix="stoker-tests-")
+# A process the suite started that imports this file (a spawned worker unpickling a function of
+# a test module imports that module) uses the suite's folder: it makes and removes none.
+SESSION_TEMP = os.environ.get("STOKER_TEST_SESSION_TEMP", "")
+if not os.path.isdir(SESSION_TEMP):
+    SESSION_TEMP = tempfile.mkdtemp(prefix="stoker-tests-")
+    os.environ["STOKER_TEST_SESSION_TEMP"] = SESSION_TEMP
+    # Removed at this process's exit, after multiprocessing removed its own folder in it (its
+    # finalizer has exitpriority -100; lower runs later), so neither finds the other's gone.
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TEMP,),
+                                  kwargs={"ignore_errors": True}, exitpriority=-101)
 os.environ["TMPDIR"] = SESSION_TEMP
 tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-
-
-# Removed at this process's exit, after multiprocessing removed its own folder in it (its
-# finalizer has exitpriority -100; lower runs later), so neither finds the other's gone.
-multiprocessing.util.Finalize(None, shutil.rmtree, args=(SESSION_TEMP,),
-                              kwargs={"ignore_errors": True}, exitpriority=-101)
 
 
 def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:

@@ -7,15 +7,20 @@ real Lance dataset. This machine has Python 3.11: each start method is named exp
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
+import enum
 import functools
 import json
+import logging
 import os
 import pickle
 import sqlite3
 import subprocess
 import sys
 import threading
+import typing
 from multiprocessing import reduction
 
 import numpy as np
@@ -86,7 +91,7 @@ def test_the_node_pool_carries_them_by_value(monkeypatch, collate):
 
 # the start method set as Python 3.14 sets it by default, and no multiprocessing_context
 _PYTHON_C = """
-import json, multiprocessing, sys, torch, stoker
+import collections, json, multiprocessing, sys, torch, stoker
 multiprocessing.set_start_method(sys.argv[1])
 
 class Rows(torch.utils.data.Dataset):
@@ -106,6 +111,28 @@ for name, lib, kw in runs:
         out[name] = [b.tolist() for b in dl]
     except Exception as e:
         out[name] = type(e).__name__
+
+# what a worker sends back of this session's classes: a sample type, an exception to catch
+Sample = collections.namedtuple("Sample", "i sq")
+
+class BadSample(Exception):
+    pass
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        if i == 2:
+            raise BadSample(f"sample {i}")
+        return Sample(i, i * i)
+
+got = []
+try:
+    for s in stoker.DataLoader(Samples(), batch_size=None, num_workers=1):
+        got.append([type(s) is Sample, list(s)])
+except BadSample as e:
+    got.append(str(e).splitlines()[0])
+out["returned"] = got
 print(json.dumps(out))
 """
 
@@ -126,7 +153,41 @@ def test_a_class_of_python_c_under_the_default_start_method(ctx):
     assert out["stoker"] == squares, out
     if extra:
         assert out["node"] == squares, out
+    assert out["returned"] == [[True, [0, 0]], [True, [1, 1]],
+                               "Caught BadSample in DataLoader worker process 0 while loading "
+                               "dataset index 2."], out
     assert not isinstance(out["torch"], list), out  # RuntimeError: its worker exited
+
+
+def test_a_training_script_under_spawn_and_forkserver_gives_what_fork_gives():
+    """A script's module state, its top-level classes, and, under its main guard, a closure
+    worker_init_fn writing that state and the dataset, a namedtuple, a shared tensor, an
+    mp.Value and an mp.Queue: one pickler for all of it, so the worker's module, objects
+    reached twice and multiprocessing's reductions are what they are under fork."""
+    script = os.path.join(os.path.dirname(__file__), "scenarios", "by_value_script.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, script, "fork", "spawn", "forkserver"],
+                       capture_output=True, text=True, timeout=240, env=env,
+                       cwd=os.path.dirname(script))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    forked = out["fork"]
+    assert forked["guarded"][0][1] == [True, 10, "w0", "set in the worker"], forked
+    assert forked["shared_tensor"] == [41, 0] and forked["value"] == 7, forked
+    assert out["spawn"] == forked and out["forkserver"] == forked, out
+
+
+class Colour(enum.Enum):
+    RED = 1
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+
+Pair = collections.namedtuple("Pair", "a b")
 
 
 def module_level(batch, k=2):
@@ -184,16 +245,49 @@ def test_a_class_and_a_function_under_the_scripts_main_guard(tmp_path):
 
 
 def test_what_pickles_today_pickles_byte_for_byte():
-    def today(obj) -> bytes:  # as Process.start() pickles
-        return bytes(reduction.ForkingPickler.dumps(obj, pickle.HIGHEST_PROTOCOL))
+    def today(obj) -> bytes:  # as Process.start() pickles, with the Popen being started
+        from multiprocessing import context
+
+        context.set_spawning_popen(_by_value._Probe())
+        try:
+            return bytes(reduction.ForkingPickler.dumps(obj, pickle.HIGHEST_PROTOCOL))
+        finally:
+            context.set_spawning_popen(None)
 
     objects = (Squares(64), functools.partial(module_level, k=3), np.arange(10_000),
-               {"a": np.ones((3, 4)), "f": module_level, "cls": Squares, "lens": [1, 2]})
+               {"a": np.ones((3, 4)), "f": module_level, "cls": Squares, "lens": [1, 2]},
+               logging.getLogger("stoker.test"), Squares(3).__len__, Colour.RED, Point(1, 2),
+               Pair(3, 4), typing.AnyStr, collections.OrderedDict(a=1), frozenset({1, 2}),
+               torch.arange(100_000), torch.float16, np.dtype("int32"), 3 + 4j, b"x" * 100)
     assert _by_value.dumps(objects) == today(objects)
     assert not any(_by_value.needed(x) for x in (module_level, Squares, reduction.ForkingPickler, len))
     ds, init, collates = _local_parts()
     assert _by_value.needed(type(ds)) and _by_value.needed(init)
     assert _by_value.needed(collates["lambda"])
+
+
+def test_what_lambdas_share_crosses_once_and_a_memmap_as_its_file(tmp_path):
+    """One pickler for the dataset and the by-value functions: an array reached from the
+    dataset and from eleven lambdas is laid beside the pickle once (and is one array in the
+    worker); a memmap a lambda captures travels as its file, not its bytes."""
+    from stoker.engine.sealed import Sealed
+
+    ds, _, _ = _local_parts()
+    ds.big = np.ones(2**21, dtype=np.float32)  # 8 MB
+    fields = [lambda b, k=k: ds.big[k] for k in range(10)]
+    sealed = Sealed((ds, lambda b: (fields, ds.big.sum()), None))
+    try:
+        assert sealed.nbytes < 9 * 2**20, sealed.nbytes
+    finally:
+        sealed.close()
+    path = tmp_path / "big.bin"
+    np.ones(2**22, dtype=np.float32).tofile(path)  # 16 MB
+    mm = np.memmap(path, dtype=np.float32, mode="r")
+    sealed = Sealed((ds, lambda b: mm[: len(b)], None))
+    try:
+        assert sealed.nbytes < 9 * 2**20 and len(sealed.extra_fds) == 1, sealed.nbytes
+    finally:
+        sealed.close()
 
 
 def test_what_still_cannot_cross_is_named_not_the_lambda():
@@ -345,6 +439,54 @@ def test_per_worker_is_left_out_of_pickles_and_copies(tmp_path):
     assert not Rows.db.opened(ds) and ds.db is not first
     with pytest.raises(AttributeError, match="opened in each process"):
         ds.db = None
+
+
+class _Shards:
+    uris = ["a", "b", "c"]
+
+    @stoker.per_worker
+    def creds(self):
+        return {"token": "t"}
+
+    @stoker.per_worker
+    def tables(self):  # opens its shards on threads, each of which needs the credentials
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(3) as ex:
+            return list(ex.map(lambda u: (u, self.creds["token"]), self.uris))
+
+    @stoker.per_worker
+    def client(self):
+        return self.log  # refers back to the dataset (a bound method)
+
+    def log(self, message):
+        pass
+
+
+def _open_tables(ds, done: list) -> None:
+    done.append(ds.tables)
+
+
+def test_per_worker_factories_on_threads_copies_and_garbage():
+    """A factory that waits for threads using another per_worker attribute does not deadlock;
+    a handle that refers back to its dataset is collected with it; a shallow copy opens its
+    own."""
+    import gc
+    import weakref
+
+    ds = _Shards()
+    done = []
+    t = threading.Thread(target=_open_tables, args=(ds, done), daemon=True)
+    t.start()
+    t.join(30)
+    assert done == [[("a", "t"), ("b", "t"), ("c", "t")]]
+    assert ds.client == ds.log
+    other = copy.copy(ds)
+    assert _Shards.tables.opened(ds) and not _Shards.tables.opened(other)
+    ref = weakref.ref(ds)
+    del ds, other
+    gc.collect()
+    assert ref() is None
 
 
 def test_a_lance_dataset_read_from_forked_workers(tmp_path):

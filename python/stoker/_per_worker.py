@@ -15,48 +15,62 @@ runtime, a file handle — anything that is not safe to use after ``fork`` or ca
 
 The factory runs on first use in each process: in the main process (``num_workers=0``, or code
 that reads the dataset there), in each worker, and in a worker started again after a death.
-Pickling the dataset (spawn, forkserver, the node pool, Ray) leaves the handle out; a forked
-worker sees the parent's handle as not its own, opens its own, and never touches the parent's
-(not even to close it: it is kept, unused, until the worker exits). The threads of one process
-share one handle, opened once (``threads_per_worker``: use a client that allows it, or open one
-per thread yourself). ``del dataset.table`` drops this process's handle; the next use opens a new
-one. ``copy.deepcopy`` of the dataset opens its own too.
+Pickling the dataset (spawn, forkserver, the node pool, Ray), copying it (``copy.copy``,
+``copy.deepcopy``) leave the handle out: the copy opens its own. A forked worker sees the
+parent's handle as not its own, opens its own, and never touches the parent's (not even to close
+it: it is kept, unused, until the worker exits). The threads of one process share one handle,
+opened once (``threads_per_worker``: use a client that allows it, or open one per thread
+yourself). ``del dataset.table`` drops this process's handle; the next use opens a new one.
 
-Thread contract: any thread; the factory runs under a lock of this process (reentrant: a factory
-may use another ``per_worker`` attribute).
+The handle lives in the instance's ``__dict__`` (as ``functools.cached_property``'s value does,
+so a handle that refers back to its dataset is collected with it), and the class gets a
+``__getstate__`` that leaves it out, so that a dataset pickles to the same bytes whether or not
+it was opened (the node pool groups ranks by those bytes). A class with pickling of its own
+(``__getstate__``, ``__reduce__``) keeps it: its handles then pickle as "none opened".
+
+Thread contract: any thread. A factory runs under a lock of its own attribute and instance, so
+one that waits for threads which use the dataset's other ``per_worker`` attributes does not
+deadlock; a second thread that wants the same attribute waits for the first one's factory.
 """
 
 from __future__ import annotations
 
+import copyreg
 import os
+import sys
 import threading
-import weakref
 
-_lock = threading.RLock()
+_PREFIX = "_stoker_per_worker_"
+_table_lock = threading.Lock()  # makes an attribute's record; held for no factory
 # handles a forked process found from its parent: kept, never used or closed, until it exits
 _inherited: list = []
 
 
 def _after_fork() -> None:
-    global _lock
-    _lock = threading.RLock()  # (one held by another thread at the fork stays held forever)
+    global _table_lock
+    _table_lock = threading.Lock()  # (one held by another thread at the fork stays held)
 
 
 os.register_at_fork(after_in_child=_after_fork)
 
 
 class _Held:
-    """A handle and the process it is for, kept by the attribute for one instance (`ref`: a weak
-    reference to the instance; None where the instance keeps it in its ``__dict__``, which
-    pickles it as nothing held)."""
+    """One attribute of one instance in one process: its handle once opened, and the lock its
+    factory runs under. Pickles and copies as nothing held."""
 
-    __slots__ = ("pid", "value", "ref")
+    __slots__ = ("pid", "value", "opened", "lock")
 
-    def __init__(self, pid: int = 0, value=None, ref=None):
-        self.pid, self.value, self.ref = pid, value, ref
+    def __init__(self):
+        self.pid = os.getpid()
+        self.value = None
+        self.opened = False
+        self.lock = threading.RLock()
 
     def __reduce__(self):
         return _Held, ()
+
+    def __copy__(self):
+        return _Held()
 
     def __deepcopy__(self, memo):
         return _Held()
@@ -64,70 +78,50 @@ class _Held:
 
 class per_worker:  # noqa: N801 (used as a decorator, like functools.cached_property)
     """A dataset attribute opened by ``factory(dataset)`` in each process on first use, never
-    pickled, never shared with a forked child (module docstring). The handle is kept beside the
-    instance, not in its ``__dict__`` (so the dataset pickles to the same bytes whether or not
-    it was opened: the node pool's group key), except for an instance without weak references
-    (``__slots__``), whose ``__dict__`` keeps it."""
+    pickled, never shared with a forked child (module docstring)."""
 
     def __init__(self, factory):
         if not callable(factory):
             raise TypeError(f"stoker.per_worker takes a function of the dataset, got {factory!r}")
         self.factory = factory
         self.name = getattr(factory, "__name__", "handle")
+        self.key = _PREFIX + self.name
         self.__doc__ = getattr(factory, "__doc__", None)
-        self._held: dict[int, _Held] = {}  # id(instance) -> its handle (copied by fork)
-
-    def __getstate__(self):  # (a class carried by value carries its attributes: no handle)
-        return {k: v for k, v in self.__dict__.items() if k != "_held"}
-
-    def __setstate__(self, state) -> None:
-        self.__dict__.update(state)
-        self._held = {}
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
+        # (a subclass's attribute of the same name is another one: its own key)
+        self.key = f"{_PREFIX}{owner.__qualname__}.{name}"
+        _leave_out_of_pickles(owner)
 
-    def _key(self) -> str:
-        return f"_stoker_per_worker_{self.name}"
-
-    def _find(self, obj) -> _Held | None:
-        held = self._held.get(id(obj))
-        if held is not None and held.ref() is obj:
-            return held
+    def _record(self, obj) -> _Held:
         d = getattr(obj, "__dict__", None)
-        return d.get(self._key()) if d is not None else None
+        if d is None:
+            raise TypeError(
+                f"stoker.per_worker: {type(obj).__name__} has __slots__ without '__dict__', so "
+                f"it has nowhere to keep its {self.name!r} handle; add '__dict__' to its "
+                "__slots__")
+        held = d.get(self.key)
+        if held is None or held.pid != os.getpid():
+            with _table_lock:
+                held = d.get(self.key)
+                if held is None or held.pid != os.getpid():
+                    if held is not None and held.opened:
+                        _inherited.append(held.value)  # the parent's (a fork): left alone
+                    held = d[self.key] = _Held()
+        return held
 
     def __get__(self, obj, owner=None):
         if obj is None:
             return self
-        pid = os.getpid()
-        held = self._find(obj)
-        if held is not None and held.pid == pid:
+        held = self._record(obj)
+        if held.opened:
             return held.value
-        with _lock:
-            held = self._find(obj)
-            if held is not None and held.pid == pid:
-                return held.value
-            if held is not None and held.pid:
-                _inherited.append(held.value)  # the parent's (a fork): left alone
-            value = self.factory(obj)
-            self._keep(obj, _Held(pid, value))
-            return value
-
-    def _keep(self, obj, held: _Held) -> None:
-        key, table = id(obj), self._held
-        try:
-            held.ref = weakref.ref(obj, lambda _, key=key: table.pop(key, None))
-        except TypeError:  # no weak references to it: its __dict__ keeps the handle
-            d = getattr(obj, "__dict__", None)
-            if d is None:
-                raise TypeError(
-                    f"stoker.per_worker: {type(obj).__name__} has __slots__ without "
-                    "'__weakref__' or '__dict__', so it has nowhere to keep its "
-                    f"{self.name!r} handle; add '__weakref__' to its __slots__") from None
-            d[self._key()] = held
-            return
-        table[key] = held
+        with held.lock:
+            if not held.opened:
+                held.value = self.factory(obj)
+                held.opened = True
+            return held.value
 
     def __set__(self, obj, value) -> None:
         raise AttributeError(
@@ -136,14 +130,38 @@ class per_worker:  # noqa: N801 (used as a decorator, like functools.cached_prop
             "it cannot be assigned")
 
     def __delete__(self, obj) -> None:
-        with _lock:
-            held = self._find(obj)
-            self._held.pop(id(obj), None)
-            getattr(obj, "__dict__", {}).pop(self._key(), None)
-        if held is not None and held.pid != os.getpid():
+        held = getattr(obj, "__dict__", {}).pop(self.key, None)
+        if held is not None and held.opened and held.pid != os.getpid():
             _inherited.append(held.value)
 
     def opened(self, obj) -> bool:
         """Whether `obj` holds a handle of this process (without opening one)."""
-        held = self._find(obj)
-        return held is not None and held.pid == os.getpid()
+        held = getattr(obj, "__dict__", {}).get(self.key)
+        return held is not None and held.opened and held.pid == os.getpid()
+
+
+def _leave_out_of_pickles(owner) -> None:
+    """Gives `owner` a ``__getstate__`` without the handles, unless it (or a base) pickles in a
+    way of its own."""
+    for cls in owner.__mro__[:-1]:
+        if cls.__dict__.get("__getstate__") is _getstate:
+            return
+        if any(k in cls.__dict__ for k in ("__getstate__", "__reduce__", "__reduce_ex__")):
+            return
+    owner.__getstate__ = _getstate
+
+
+def _getstate(self):
+    """The instance's state as the default pickling makes it, less its per_worker handles."""
+    if sys.version_info >= (3, 11):
+        state = object.__getstate__(self)
+    else:
+        d = self.__dict__ or None
+        slots = {n: getattr(self, n) for n in copyreg._slotnames(type(self))
+                 if hasattr(self, n)}
+        state = (d, slots) if slots else d
+    d = state[0] if isinstance(state, tuple) else state
+    if isinstance(d, dict) and any(k.startswith(_PREFIX) for k in d):
+        d = {k: v for k, v in d.items() if not k.startswith(_PREFIX)} or None
+        state = (d, state[1]) if isinstance(state, tuple) else d
+    return state

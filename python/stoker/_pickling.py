@@ -3,7 +3,9 @@
 Plain pickle, except for torch tensors that DLPack cannot export (float8, complex32, conjugate
 views...): torch's own pickling of those relies on its shared-memory reductions, so they travel
 here as their raw bytes plus dtype and shape, and are rebuilt as the same tensor. Meta and nested
-tensors, and tensor subclasses, use torch's plain pickling, as torch.save does.
+tensors, and tensor subclasses, use torch's plain pickling, as torch.save does. A function or
+class that pickle cannot find by name goes by value (``_by_value``): a worker's batch may hold an
+instance of a class the main process sent it that way (a sample type of ``python -c``).
 
 Pure functions: any thread (the worker's encoder calls ``dumps``).
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+
+from . import _by_value
 
 
 def _rebuild_tensor(dtype_name, shape, raw, device, requires_grad):
@@ -28,10 +32,15 @@ def _rebuild_tensor(dtype_name, shape, raw, device, requires_grad):
     return t
 
 
-class Pickler(pickle.Pickler):
-    """``pickle.Pickler`` with the tensor rule above (subclassed by ``engine.sealed``)."""
+class Pickler(_by_value.Pickler):
+    """``pickle.Pickler`` with the tensor rule above, and what pickle refuses by name by value
+    (``_by_value``: a worker's batch may hold instances of a class the main process sent it by
+    value). It pickles what a worker sends back; ``engine.sealed`` subclasses it for what goes
+    to workers."""
 
-    def reducer_override(self, obj):
+    to_worker = False
+
+    def reduce_other(self, obj):
         torch = sys.modules.get("torch")
         if torch is None or type(obj) is not torch.Tensor or obj.layout != torch.strided:
             return NotImplemented

@@ -22,16 +22,16 @@ class Holder(Squares):
     """A dataset subclass the user's script defines (a lock is set on it to make it unpicklable)."""
 
 
-class DefinedInMain(Squares):
-    """A dataset class of the user's script, which runs as ``__main__``: a spawned worker, whose
-    ``__main__`` is another module, cannot find it (see `_as_if_defined_in_main`)."""
+class PatchedIn(Squares):
+    """A dataset class that exists only in this process: patched into a module at run time (see
+    `_patched_in`), so a spawned worker importing that module does not find it."""
 
 
-def _as_if_defined_in_main(cls: type) -> type:
-    """`cls` as a class a script run as ``python script.py`` defines: it lives in ``__main__``,
-    which pickles it by that name here and which a spawned worker does not have."""
-    cls.__module__ = "__main__"
-    setattr(sys.modules["__main__"], cls.__qualname__, cls)
+def _patched_in(cls: type, module: str) -> type:
+    """`cls` set on `module` here only: pickled by that name (this process finds it there), and
+    missing in a spawned worker, which imports `module` afresh."""
+    cls.__module__ = module
+    setattr(sys.modules[module], cls.__qualname__, cls)
     return cls
 
 
@@ -131,12 +131,12 @@ def workers_ignore_sigint_and_close_inherited_fds():
 
 def worker_that_cannot_start():
     """A spawned worker that cannot unpickle its dataset's class is reported as failing to
-    start, naming ``__main__``."""
-    cls = _as_if_defined_in_main(DefinedInMain)  # spawn cannot find __main__.DefinedInMain
+    start, naming what it could not find."""
+    cls = _patched_in(PatchedIn, "scenario_datasets")  # the worker's module has no such class
     try:
         list(stoker.DataLoader(cls(8), batch_size=2, num_workers=2,
                                multiprocessing_context="spawn"))
     except stoker.WorkerCrashed as e:
         msg = str(e)
-        assert "while starting" in msg and "__main__" in msg, msg
+        assert "while starting" in msg and "patched in at run time" in msg, msg
         print("OK")

@@ -19,7 +19,7 @@ import pickle
 import traceback
 from array import array
 
-from .. import _stoker
+from .. import _by_value, _pickling, _stoker
 
 MSG_TASK = _stoker.MSG_TASK
 MSG_RESUME = _stoker.MSG_RESUME
@@ -106,7 +106,10 @@ def encode_error(exc: BaseException, worker_id: int, index) -> bytes:
     exc_type = type(exc)
     type_name = _type_name(exc_type)
     try:
-        pickle.loads(pickle.dumps(exc_type))
+        # (a class the main process sent by value goes back by value: ``except`` it there)
+        data = _pickling.dumps(exc_type)
+        if not _by_value.needed(exc_type, to_worker=False):
+            pickle.loads(data)
     except Exception:
         exc_type = None
     report = {
@@ -118,10 +121,10 @@ def encode_error(exc: BaseException, worker_id: int, index) -> bytes:
         "index": index,
     }
     try:
-        return pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+        return _pickling.dumps(report)
     except Exception:
         report["index"] = _safe_repr(index)
-        return pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+        return _pickling.dumps(report)
 
 
 def safe_str(exc: BaseException) -> str:

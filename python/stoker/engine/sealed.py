@@ -44,7 +44,7 @@ import sys
 import weakref
 from multiprocessing import context, reduction
 
-from .. import _by_value, _pickling, _system
+from .. import _pickling, _system
 from . import fdpass
 
 _MAGIC = b"STKSEAL1"
@@ -66,17 +66,19 @@ class PerWorker(Exception):
     spawn does. The message names it."""
 
 
-class _Writer(_by_value.Pickling, _pickling.Pickler, reduction.ForkingPickler):
+class _Writer(_pickling.Pickler):
     """Pickles into the memfd: buffers are written as they come, the pickle itself at the end.
     multiprocessing's reductions apply (its pipes, locks, shared ``Value``s, torch's CUDA
-    tensors), as when ``Process.start()`` pickles; stoker's tensor rule comes first, then what
-    pickle refuses goes by value (``stoker._by_value``)."""
+    tensors), as when ``Process.start()`` pickles; stoker's tensor rule comes first; what
+    pickle refuses by name goes by value (``stoker._by_value``), by this same pickler, so these
+    rules hold inside it too."""
+
+    to_worker = True
 
     def __init__(self, fd: int, passed: list[int]):
         """`passed`: where the descriptors the pickle refers to go (the caller owns them)."""
         self._file = io.BytesIO()
-        # positional: ForkingPickler.__init__ passes only positional arguments on
-        super().__init__(self._file, 5, True, self._buffer)
+        super().__init__(self._file, 5, buffer_callback=self._buffer, forking=True)
         self.fd = fd
         self.end = _DATA_START
         self.table: list[tuple[int, int, int]] = []
@@ -118,10 +120,10 @@ class _Writer(_by_value.Pickling, _pickling.Pickler, reduction.ForkingPickler):
                 self._seen.append(obj)
         return pid
 
-    def reducer_override(self, obj):
+    def reduce_other(self, obj):
         torch = sys.modules.get("torch")
         if torch is None:
-            return super().reducer_override(obj)
+            return NotImplemented
         if isinstance(obj, torch.Tensor):
             if obj.device.type not in ("cpu", "meta"):
                 raise PerWorker(f"a {obj.device.type} tensor (torch shares it once per worker)")
@@ -130,7 +132,7 @@ class _Writer(_by_value.Pickling, _pickling.Pickler, reduction.ForkingPickler):
                 return NotImplemented
         elif isinstance(obj, (torch.UntypedStorage, torch.storage.TypedStorage)):
             _fd_strategy_or_per_worker(torch, "a torch storage")
-        return super().reducer_override(obj)
+        return super().reduce_other(obj)
 
     # multiprocessing asks the Popen being started for each descriptor a pickle refers to
     # (``reduction.DupFd``): here the one pickle serves every worker, so it is passed to each,
