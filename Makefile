@@ -7,7 +7,7 @@ DEPS     := $(VENV)/.deps-stamp
 CPPBUILD := build/cpp
 JOBS     ?= 2
 
-PY_DEPS := torch==2.13.0 numpy cloudpickle pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
+PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
 # The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
 FW_REQS  := tests/requirements-frameworks.txt
 FW_DEPS  := $(VENV)/.frameworks-stamp
@@ -53,7 +53,7 @@ test-py: install $(FW_DEPS)
 
 $(VISION_DEPS): $(VISION_REQS) pyproject.toml Makefile
 	test -x $(VPY_V) || $(PYTHON) -m venv $(VVENV)
-	$(VPY_V) -m pip install -q -r $(VISION_REQS) cloudpickle pytest psutil nanobind scikit-build-core cmake ninja
+	$(VPY_V) -m pip install -q -r $(VISION_REQS) "cloudpickle>=3.0,<4" pytest psutil nanobind scikit-build-core cmake ninja
 	$(VPY_V) -m pip install -q --no-deps mosaicml-streaming==0.13.0
 	touch $@
 

@@ -31,7 +31,7 @@ import stoker
 from conftest import run_scenario
 from scenario_datasets import Squares
 from scenarios.per_worker import Rows
-from stoker import _by_value
+from stoker import _by_value, _main_script
 
 PICKLED = ["spawn", "forkserver"]
 
@@ -58,8 +58,11 @@ def _local_parts(n: int = 24):
     def times(batch, k):
         return torch.cat(batch) * k
 
+    # a function with globals of its own (made by exec, as attrs makes its methods)
+    made = {"__name__": "json", "torch": torch}
+    exec("def made_collate(batch):\n    return torch.cat(batch) * 5\n", made)
     collates = {"lambda": lambda batch: torch.cat(batch) + 1,
-                "partial": functools.partial(times, k=3)}
+                "partial": functools.partial(times, k=3), "exec": made["made_collate"]}
     return Local(n), init, collates
 
 
@@ -70,7 +73,7 @@ def _batches(lib, ctx, collate, **kw):
     return [b.tolist() for b in dl]
 
 
-@pytest.mark.parametrize("collate", ["lambda", "partial"])
+@pytest.mark.parametrize("collate", ["lambda", "partial", "exec"])
 @pytest.mark.parametrize("ctx", PICKLED)
 def test_a_local_class_a_closure_and_a_lambda_or_partial_cross_by_value(ctx, collate):
     with pytest.raises((AttributeError, pickle.PicklingError, TypeError)):
@@ -91,10 +94,12 @@ def test_the_node_pool_carries_them_by_value(monkeypatch, collate):
 
 # the start method set as Python 3.14 sets it by default, and no multiprocessing_context
 _PYTHON_C = """
-import collections, json, multiprocessing, sys, torch, stoker
+import collections, json, multiprocessing, sys, typing, torch, stoker
 multiprocessing.set_start_method(sys.argv[1])
 
-class Rows(torch.utils.data.Dataset):
+T = typing.TypeVar("T")
+
+class Rows(torch.utils.data.Dataset, typing.Generic[T]):
     def __len__(self):
         return 12
     def __getitem__(self, i):
@@ -127,11 +132,14 @@ class Samples(torch.utils.data.Dataset):
         return Sample(i, i * i)
 
 got = []
+methods = dict(vars(Sample))
 try:
     for s in stoker.DataLoader(Samples(), batch_size=None, num_workers=1):
         got.append([type(s) is Sample, list(s)])
 except BadSample as e:
     got.append(str(e).splitlines()[0])
+# the class that comes back is this one, untouched (nothing of the worker's copy set on it)
+got.append(all(vars(Sample)[k] is v for k, v in methods.items()))
 out["returned"] = got
 print(json.dumps(out))
 """
@@ -155,7 +163,7 @@ def test_a_class_of_python_c_under_the_default_start_method(ctx):
         assert out["node"] == squares, out
     assert out["returned"] == [[True, [0, 0]], [True, [1, 1]],
                                "Caught BadSample in DataLoader worker process 0 while loading "
-                               "dataset index 2."], out
+                               "dataset index 2.", True], out
     assert not isinstance(out["torch"], list), out  # RuntimeError: its worker exited
 
 
@@ -172,7 +180,8 @@ def test_a_training_script_under_spawn_and_forkserver_gives_what_fork_gives():
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     forked = out["fork"]
-    assert forked["guarded"][0][1] == [True, 10, "w0", "set in the worker"], forked
+    assert forked["guarded"][0][1] == [True, 10, "w0", "set in the worker",
+                                       "init ran in w0", 1.0], forked
     assert forked["shared_tensor"] == [41, 0] and forked["value"] == 7, forked
     assert out["spawn"] == forked and out["forkserver"] == forked, out
 
@@ -223,7 +232,7 @@ if __name__ == "__main__":
             out[name] = [b.tolist() for b in dl]
         except Exception as e:
             out[name] = type(e).__name__
-    from stoker import _by_value
+    from stoker import _by_value, _main_script
     out["by_value"] = [_by_value.needed(x) for x in (Kept, Rows, collate)]
     print(json.dumps(out))
 """
@@ -360,9 +369,12 @@ def test_the_by_value_rules_on_another_python(tmp_path, python):
 
     import cloudpickle
 
-    for src in (_by_value.__file__, os.path.join(os.path.dirname(__file__), "scenarios",
-                                                 "by_value_standalone.py")):
-        shutil.copy(src, tmp_path)
+    (tmp_path / "rules").mkdir()  # stoker's two modules of the rules, as a package of their own
+    (tmp_path / "rules" / "__init__.py").write_text("")
+    for module in (_by_value, _main_script):
+        shutil.copy(module.__file__, tmp_path / "rules")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "scenarios", "by_value_standalone.py"),
+                tmp_path)
     # cloudpickle is pure Python: this environment's copy serves the other interpreter
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(cloudpickle.__file__)))
     env.pop("PYTHONHOME", None)

@@ -19,7 +19,7 @@ LAYERS = [
     ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
                 "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
                 "stoker._plain", "stoker._advice", "stoker._by_value",
-                "stoker._per_worker"]),
+                "stoker._per_worker", "stoker._main_script"]),
     ("config", ["stoker.config"]),
     ("engine", ["stoker.engine"]),
     # what stoker 0.1's pickles name (its records, and config's and engine's classes)

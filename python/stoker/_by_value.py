@@ -1,29 +1,35 @@
-"""What pickle refuses, carried by value: a function or class that the standard pickler cannot
-find again by name (a lambda, a closure, a class defined in a function, a class of ``__main__``
-when the worker cannot run ``__main__`` again: ``python -c``, a notebook, ``python -m pkg``; or
-one defined under the script's ``if __name__ == "__main__":``, which the worker skips) is
-pickled by value, with cloudpickle's machinery, by the same pickler as everything around it.
-Everything else is pickled exactly as the standard pickler does, byte for byte.
+"""What pickle refuses, carried by value: a function or class (or a ``TypeVar``) that the
+standard pickler cannot find again by name in a worker (a lambda, a closure, a class defined in
+a function, a class of ``__main__`` when the worker cannot run ``__main__`` again: ``python
+-c``, a notebook, ``python -m pkg``; or one bound only under the script's ``if __name__ ==
+"__main__":``, which the worker skips) is pickled by value, by the same pickler as everything
+around it. Everything else is pickled exactly as the standard pickler does, byte for byte.
 
-One pickler for the whole pickle (``Pickler``), so that:
+One pickler for the whole pickle (``Pickler``, built on cloudpickle's), so that:
 
-- an object reached from the dataset and from a lambda is pickled once and comes back as one
-  object (a ``collate_fn`` that reads the dataset sees the worker's dataset, not a copy);
-- what stoker's and multiprocessing's rules do for the objects around them (arrays laid beside
-  the pickle, a whole ``np.memmap`` as its file, a tensor in shared memory, an ``mp.Queue``'s
-  descriptors) they do inside a closure or a class carried by value too;
-- a function carried by value whose module the worker has (any module it imports, and the
-  script's ``__main__`` when the worker runs the script again) is bound to that module's
-  globals there: it reads and writes the worker's module state, and the script's classes it
-  names are the worker's own (``isinstance`` holds). Only where the worker has no such module
-  (``python -c``, a notebook) do the globals it uses travel with it, shared by every function
-  of one pickle.
+- an object reached from the dataset and from a lambda is pickled once and is one object in
+  the worker; closures that share a variable (``nonlocal``) still share it there;
+- stoker's and multiprocessing's rules for the objects around them (arrays laid beside the
+  pickle, a whole ``np.memmap`` as its file, a tensor in shared memory, an ``mp.Queue``'s
+  descriptors) hold inside a closure or a class carried by value too;
+- a function whose globals are its module's, and whose module the worker has (a module
+  imported here that the worker finds on its path, or the script's ``__main__`` when the worker
+  runs the script again), is rebuilt bound to that module's globals there: it reads and writes
+  the worker's module state, and the classes it names are the worker's own. Of the script's
+  globals it uses, those bound only under the main guard travel with it. Any other function
+  (``python -c``, a notebook, globals of its own: attrs' generated methods, ``exec``) takes the
+  globals it uses with it, one dict for every function that shared them here.
+
+Toward the parent (what a worker sends back, ``to_worker=False``), a class is named by the id
+cloudpickle gave it when the parent sent it by value: the parent's own class comes back, its
+methods and attributes untouched; a class the parent never sent that way fails to pickle, as it
+always did.
 
 Used where stoker pickles for its own workers (spawn, forkserver, the node pool: ``engine.sealed``
-and ``Carried``), for what a worker sends back (``_pickling``: instances of those classes,
-exceptions of them), and to name what cannot be pickled (``dumps``). Never for a checkpoint:
-``state_dict()`` holds plain data, loadable with ``weights_only``. Loading runs only what the
-parent process (or its own worker) sent a moment before.
+and ``Carried``), for what a worker sends back (``_pickling``), and to name what cannot be pickled
+(``dumps``). Never for a checkpoint: ``state_dict()`` holds plain data, loadable with
+``weights_only``. Loading runs only what the parent process (or its own worker) sent a moment
+before.
 
 Pure functions and per-call picklers: any thread.
 """
@@ -31,33 +37,40 @@ Pure functions and per-call picklers: any thread.
 from __future__ import annotations
 
 import copyreg
+import dis
+import functools
 import importlib
 import io
 import marshal
-import os
 import pickle
 import sys
 import types
+import typing
 
 import cloudpickle
+from cloudpickle import cloudpickle as _cp
+
+from . import _main_script
 
 _MISSING = object()
 
 
 # -- which objects go by value ------------------------------------------------------------------
 def needed(obj, to_worker: bool = True) -> bool:
-    """Whether `obj` is a function or class that pickling by name would fail to find again in a
-    worker (`to_worker`), or, from a worker, in the process that started it: a worker's
-    ``__main__`` is its parent's (fork) or the same script run again (spawn), so what it finds
-    there by name, its parent does too."""
-    if not isinstance(obj, (type, types.FunctionType)):
+    """Whether `obj` is a function or class (or a TypeVar) that pickling by name would fail to
+    find again in a worker (`to_worker`), or, from a worker, in the process that started it: a
+    worker's ``__main__`` is its parent's (fork) or the same script run again (spawn), so what
+    it finds there by name, its parent does too."""
+    if not isinstance(obj, (type, types.FunctionType, typing.TypeVar)):
         return False
     module = getattr(obj, "__module__", None)
-    name = getattr(obj, "__qualname__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if module is None and isinstance(obj, types.FunctionType):
+        return True  # (code exec'd into a namespace of its own: nothing to find it by)
     if not isinstance(module, str) or not isinstance(name, str):
         return False  # pickle decides, as without stoker
-    if to_worker and module == "__main__" and (not _main_runs_again()
-                                               or _main_skips(obj, name)):
+    if to_worker and module == "__main__" and (not _main_script.runs_again()
+                                               or _main_script.skips(obj, name)):
         return True
     found = sys.modules.get(module, _MISSING)
     if found is _MISSING:
@@ -73,119 +86,7 @@ def needed(obj, to_worker: bool = True) -> bool:
     return found is not obj
 
 
-def _main_runs_again() -> bool:
-    """Whether a spawned worker runs this process's ``__main__`` again (multiprocessing's rule:
-    a module run with ``-m``, or a script file), so that its classes are found there by name."""
-    main = sys.modules.get("__main__")
-    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
-    if spec_name is not None:
-        return not (spec_name == "__main__" or spec_name.endswith(".__main__"))
-    path = getattr(main, "__file__", None)
-    return isinstance(path, str) and os.path.basename(path) != "ipython" and \
-        os.path.exists(path)
-
-
-def _main_skips(obj, qualname: str) -> bool:
-    """Whether a worker running the script again (as ``__mp_main__``) would miss `obj`: it is
-    bound only under the script's ``if __name__ == "__main__":`` (which the worker skips), or
-    defined there. Read from the script's syntax tree (once per file version)."""
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not isinstance(path, str):
-        return False
-    spans, names = _main_script(path)
-    if names is not None and qualname.split(".")[0] not in names:
-        return True  # (a namedtuple, an Enum or a type() made under the guard: no line)
-    line = _first_line(obj)
-    return line is not None and any(a <= line <= b for a, b in spans)
-
-
-def _first_line(obj) -> int | None:
-    code = getattr(obj, "__code__", None)
-    if code is not None:
-        return code.co_firstlineno
-    line = getattr(obj, "__firstlineno__", None)  # a class, Python 3.13 and later
-    if isinstance(line, int):
-        return line
-    import inspect
-
-    try:
-        return inspect.findsource(obj)[1] + 1
-    except (OSError, TypeError):
-        return None
-
-
-_scripts: dict = {}  # (path, mtime) -> (main guards' line spans, names bound outside them)
-
-
-def _main_script(path: str) -> tuple:
-    """The line spans of the top-level ``if __name__ == "__main__":`` blocks of `path`, and the
-    names its top level binds outside them (None when that cannot be known: ``import *``)."""
-    try:
-        key = (path, os.stat(path).st_mtime_ns)
-    except OSError:
-        return (), None
-    if key not in _scripts:
-        import ast
-
-        try:
-            with open(path, "rb") as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError, ValueError):
-            _scripts[key] = ((), None)
-            return _scripts[key]
-        guards = [n for n in tree.body if isinstance(n, ast.If) and _is_main_test(n.test)]
-        names: set | None = set()
-        for stmt in tree.body:
-            if all(stmt is not g for g in guards):
-                names = _bound(stmt, names)
-        _scripts[key] = (tuple((g.lineno, g.end_lineno) for g in guards), names)
-    return _scripts[key]
-
-
-def _bound(stmt, names: set | None) -> set | None:
-    """`names` with those `stmt` binds at module level (None once a star import makes them
-    unknowable)."""
-    import ast
-
-    if names is None:
-        return None
-    if isinstance(stmt, ast.ImportFrom) and any(a.name == "*" for a in stmt.names):
-        return None
-    for node in ast.walk(stmt):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return names
-
-
-def _is_main_test(test) -> bool:
-    import ast
-
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
-        any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
-
-
 _found: dict[str, bool] = {}  # top-level package -> found on sys.path
-
-
-def _module_in_worker(module) -> bool:
-    """Whether a worker will have `module` to bind a function's globals to: the script's
-    ``__main__`` when the worker runs it again, or a module imported here whose top-level
-    package the worker finds on its path (not one made from a file under a name of its own)."""
-    if not isinstance(module, str):
-        return False
-    if module == "__main__":
-        return _main_runs_again()
-    if module not in sys.modules or module == "__mp_main__":
-        return False
-    return _importable(module)
 
 
 def _importable(module: str) -> bool:
@@ -205,13 +106,26 @@ def _importable(module: str) -> bool:
     return found
 
 
+def _home_in_worker(func) -> str | None:
+    """The module a worker will have to bind `func`'s globals to: the one its globals are,
+    when the worker finds it (the script's ``__main__`` when the worker runs it again); else
+    None (its globals travel with it)."""
+    module = func.__module__
+    mod = sys.modules.get(module) if isinstance(module, str) else None
+    if mod is None or func.__globals__ is not getattr(mod, "__dict__", None):
+        return None
+    if module == "__main__":
+        return module if _main_script.runs_again() else None
+    if module == "__mp_main__" or not _importable(module):
+        return None
+    return module
+
+
 # -- the pickler ---------------------------------------------------------------------------------
-# cloudpickle's reducers for what the standard pickler refuses outright, which classes and
-# functions carried by value hold (code, cells, class- and static methods, properties, modules,
-# a dataclass's field markers...). Types the standard pickler takes (loggers, bound methods,
-# TypeVars) keep its rules, so what pickles today pickles to the same bytes; open files and
-# memoryviews stay refused (copying a file's or a mapping's contents is not sending it).
 def _refused() -> set:
+    """The types the standard pickler refuses outright that classes and functions carried by
+    value hold (and a dataclass's field markers, which it copies: a by-value dataclass's
+    ``fields()`` must recognise them)."""
     import abc
     import collections
     import dataclasses
@@ -219,10 +133,9 @@ def _refused() -> set:
 
     views = [type(getattr(d, k)()) for d in ({}, collections.OrderedDict())
              for k in ("keys", "values", "items")]
-    return {classmethod, staticmethod, property, types.CellType, types.CodeType,
-            types.GetSetDescriptorType, types.ModuleType, types.MappingProxyType,
-            weakref.WeakSet, abc.abstractclassmethod, abc.abstractstaticmethod,
-            abc.abstractproperty, dataclasses._FIELD_BASE, *views}
+    return {classmethod, staticmethod, property, types.GetSetDescriptorType, types.ModuleType,
+            types.MappingProxyType, weakref.WeakSet, abc.abstractclassmethod,
+            abc.abstractstaticmethod, abc.abstractproperty, dataclasses._FIELD_BASE, *views}
 
 
 def _code_reduce(code):
@@ -231,127 +144,213 @@ def _code_reduce(code):
     return marshal.loads, (marshal.dumps(code),)
 
 
-_REFUSED = _refused()
-_CLOUD_REDUCERS = {t: r for t, r in cloudpickle.Pickler._dispatch_table.items()
-                   if t in _REFUSED}
-_CLOUD_REDUCERS[types.CodeType] = _code_reduce
+def _cell_reduce(cell):
+    """An empty cell: what it holds is set by the function that owns it, once that function
+    exists (``_fill_function``), so closures that share a cell share it in the worker too."""
+    return types.CellType, ()
+
+
+def _cached_property_reduce(prop):
+    """``functools.cached_property`` of a class carried by value (Python 3.11's holds a lock)."""
+    return _make_cached_property, (prop.func, prop.attrname, prop.__doc__)
+
+
+def _make_cached_property(func, attrname, doc):
+    prop = functools.cached_property(func)
+    prop.attrname, prop.__doc__ = attrname, doc
+    return prop
+
+
+_REDUCERS = {t: r for t, r in cloudpickle.Pickler._dispatch_table.items() if t in _refused()}
+_REDUCERS.update({types.CodeType: _code_reduce, types.CellType: _cell_reduce})
+if sys.version_info < (3, 12):  # (later ones hold no lock: the standard pickler takes them)
+    _REDUCERS[functools.cached_property] = _cached_property_reduce
+_tables: dict = {}  # forking -> (the tables it was built from, by length) and the table
+
+
+def _table(forking: bool) -> dict:
+    """The dispatch table: the standard one (and multiprocessing's reductions for a pickle to
+    a starting process) with the reducers above; rebuilt when another reducer is registered."""
+    from multiprocessing import reduction
+
+    extra = reduction.ForkingPickler._extra_reducers if forking else {}
+    stamp = (len(copyreg.dispatch_table), len(extra))
+    kept = _tables.get(forking)
+    if kept is None or kept[0] != stamp:
+        table = dict(copyreg.dispatch_table)
+        table.update(_REDUCERS)
+        table.update(extra)
+        _tables[forking] = kept = (stamp, table)
+    return kept[1]
 
 
 class Pickler(cloudpickle.Pickler):
-    """``pickle.Pickler`` that sends by value exactly the functions and classes ``needed``
-    names, and otherwise pickles as the standard one; with ``forking``, multiprocessing's
-    reductions apply, as when ``Process.start()`` pickles (``ForkingPickler``'s table).
-    Subclasses add rules for other objects in ``reduce_other``; ``to_worker`` says which way
-    the pickle goes (``needed``)."""
+    """``pickle.Pickler`` that sends by value exactly what ``needed`` names, and otherwise
+    pickles as the standard one; with ``forking``, multiprocessing's reductions apply, as when
+    ``Process.start()`` pickles (``ForkingPickler``'s table). Subclasses add rules for other
+    objects in ``reduce_other``; ``to_worker`` says which way the pickle goes."""
 
     to_worker = True
 
     def __init__(self, file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=None,
                  forking: bool = False):
-        table = dict(copyreg.dispatch_table)
-        table.update(_CLOUD_REDUCERS)
-        if forking:
-            from multiprocessing import reduction
-
-            table.update(reduction.ForkingPickler._extra_reducers)
         # Before the pickler's __init__, which reads it (cloudpickle's class attribute of the
         # same name would win after): one plain dict, looked up at C speed.
-        self.dispatch_table = table
+        self.dispatch_table = _table(forking)
+        self._forking = forking
+        self._stamp = _tables[forking][0]
         super().__init__(file, protocol=protocol, buffer_callback=buffer_callback)
+        self._globals: dict[int, dict] = {}  # id(a function's globals) -> the dict sent
+
+    def stale(self) -> bool:
+        """Whether a reducer was registered since this pickler was made (one reused)."""
+        _table(self._forking)
+        return _tables[self._forking][0] != self._stamp
+
+    def forget_globals(self) -> None:
+        """Before another pickle by this pickler (its memo cleared too)."""
+        self._globals.clear()
 
     def reducer_override(self, obj):
-        if isinstance(obj, (type, types.FunctionType)):
+        if isinstance(obj, (type, types.FunctionType, typing.TypeVar)):
             if not needed(obj, self.to_worker):
                 return NotImplemented  # by name, as the standard pickler does
-            if isinstance(obj, types.FunctionType) and self.to_worker and \
-                    _module_in_worker(obj.__module__):
-                return _function_in_module(obj)
-            return super().reducer_override(obj)  # cloudpickle's, by value
+            if not self.to_worker:
+                return _toward_parent(obj)
+            if isinstance(obj, types.FunctionType):
+                return self._function(obj)
+            if isinstance(obj, typing.TypeVar):
+                return _cp._typevar_reduce(obj)
+            return super().reducer_override(obj)  # cloudpickle's class reduction, by value
+        if type(obj) is _LRU and self.to_worker and needed(obj.__wrapped__):
+            return _make_lru, (obj.__wrapped__, obj.cache_parameters())  # (a local one)
         return self.reduce_other(obj)
 
     def reduce_other(self, obj):
         return NotImplemented
 
-
-def _function_in_module(func):
-    """A function by value, its globals those of its module in the worker: its code, name,
-    defaults and closure travel; what it reads and writes of its module is the worker's. Of
-    the script's globals it uses, those the worker's run of the script lacks (bound only under
-    its main guard) travel with it and are added to the worker's ``__main__``."""
-    cells = func.__closure__ or ()
-    state = {"defaults": func.__defaults__, "kwdefaults": func.__kwdefaults__,
-             "qualname": func.__qualname__, "doc": func.__doc__, "dict": dict(func.__dict__),
-             "annotations": func.__annotations__, "globals": _missing_globals(func),
-             "closure": [c.cell_contents if _filled(c) else _MISSING_CELL for c in cells]}
-    return (_make_function, (func.__module__, func.__code__, func.__name__, len(cells)), state,
-            None, None, _fill_function)
-
-
-def _missing_globals(func) -> tuple[dict, bool]:
-    """The globals `func` uses that a worker running the script again would not have, and
-    whether they replace what the worker's ``__main__`` holds under those names: those bound
-    only under the main guard do (a worker forked from a rank's copy, in the node pool, holds
-    that rank's); when the script's names cannot be told, all it uses that are not modules
-    travel, and fill in only what the worker lacks."""
-    if func.__module__ != "__main__":
-        return {}, False
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    names = _main_script(path)[1] if isinstance(path, str) else None
-    out = {}
-    for name in _names_used(func.__code__):
-        value = func.__globals__.get(name, _MISSING)
-        if value is _MISSING or isinstance(value, types.ModuleType):
-            continue
-        if names is None or name not in names:
-            out[name] = value
-    return out, names is not None
+    def _function(self, func):
+        """A function by value: created from its code bound to its module's globals in the
+        worker, or to a dict of the globals it uses (one per namespace it came from); the rest
+        (defaults, closure contents, attributes, those globals) set once it exists."""
+        home = _home_in_worker(func)
+        replace = True  # (the dict sent is the function's own; guard-only names are missing)
+        if home is not None:
+            names = _guard_only(func) if home == "__main__" else []
+            scope = ("module", home)
+            # where the script's names are unknowable, all it uses travel, and fill in only
+            # what the worker's module lacks
+            replace = _main_script.bound_outside_guards() is not None
+        else:
+            base = self._globals.get(id(func.__globals__))
+            if base is None:
+                base = self._globals[id(func.__globals__)] = {
+                    k: func.__globals__[k] for k in ("__package__", "__name__", "__file__")
+                    if k in func.__globals__}
+            scope, names = ("dict", base), _globals_used(func.__code__)
+        g = func.__globals__
+        state = {"defaults": func.__defaults__, "kwdefaults": func.__kwdefaults__,
+                 "qualname": func.__qualname__, "module": func.__module__,
+                 "doc": func.__doc__, "dict": dict(func.__dict__),
+                 "globals": {n: g[n] for n in names if n in g}, "replace": replace,
+                 "cells": [_contents(c) for c in func.__closure__ or ()],
+                 "type_params": getattr(func, "__type_params__", ())}
+        if sys.version_info < (3, 14):  # (3.14 evaluates them lazily: they may name
+            state["annotations"] = func.__annotations__  # what only a type checker sees)
+        return (_make_function, (scope, func.__code__, func.__name__, func.__closure__),
+                state, None, None, _fill_function)
 
 
-def _names_used(code) -> set:
-    names = set(code.co_names)
+_LRU = type(functools.lru_cache(None)(len))
+
+
+def _make_lru(func, parameters: dict):
+    """``functools.lru_cache`` of a function carried by value (an empty cache, as a worker's
+    own would start with)."""
+    return functools.lru_cache(maxsize=parameters["maxsize"], typed=parameters["typed"])(func)
+
+
+def _toward_parent(obj):
+    """A class the parent sent this worker by value goes back as a reference to the parent's
+    class (cloudpickle's id for it); anything else takes the standard path (and fails there,
+    as it always did)."""
+    if isinstance(obj, type):
+        tracker = _cp._DYNAMIC_CLASS_TRACKER_BY_CLASS.get(obj)
+        if tracker is not None:
+            return _tracked_class, (tracker, obj.__qualname__)
+    return NotImplemented
+
+
+def _tracked_class(tracker: str, qualname: str):
+    cls = _cp._DYNAMIC_CLASS_TRACKER_BY_ID.get(tracker)
+    if cls is None:
+        raise pickle.UnpicklingError(
+            f"stoker: a worker sent an instance of {qualname}, a class this process did not "
+            "send it (one the worker made itself cannot come back by name)")
+    return cls
+
+
+def _guard_only(func) -> list:
+    """The globals `func` uses that the worker's run of the script does not bind (bound only
+    under the main guard); all it uses when that cannot be told."""
+    bound = _main_script.bound_outside_guards()
+    return [n for n in _globals_used(func.__code__) if bound is None or n not in bound]
+
+
+def _globals_used(code) -> set:
+    """The global names `code` (and the code nested in it) reads, writes or deletes."""
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _names_used(const)
+            names |= _globals_used(const)
     return names
 
 
-class _EmptyCell:
+class _Empty:
+    """An empty cell's contents (a variable not yet assigned)."""
+
     def __reduce__(self):
-        return "_MISSING_CELL"
+        return "_EMPTY"
 
 
-_MISSING_CELL = _EmptyCell()
+_EMPTY = _Empty()
 
 
-def _filled(cell) -> bool:
+def _contents(cell):
     try:
-        return cell.cell_contents is not _MISSING  # (reading an empty cell raises)
+        return cell.cell_contents
     except ValueError:
-        return False
+        return _EMPTY
 
 
-def _make_function(module: str, code, name: str, cells: int):
-    mod = sys.modules.get(module) or importlib.import_module(module)
-    closure = tuple(types.CellType() for _ in range(cells)) or None
-    return types.FunctionType(code, mod.__dict__, name, None, closure)
+def _make_function(scope: tuple, code, name: str, closure):
+    kind, where = scope
+    if kind == "module":
+        where = (sys.modules.get(where) or importlib.import_module(where)).__dict__
+    where.setdefault("__builtins__", __builtins__)
+    return types.FunctionType(code, where, name, None, closure)
 
 
 def _fill_function(func, state: dict) -> None:
-    """The rest of a function, set once it exists (a closure may refer to the function)."""
+    """The rest of a function, set once it exists (its closure may refer to it)."""
     func.__defaults__ = state["defaults"]
     func.__kwdefaults__ = state["kwdefaults"]
     func.__qualname__ = state["qualname"]
+    func.__module__ = state["module"]
     func.__doc__ = state["doc"]
     func.__dict__.update(state["dict"])
-    func.__annotations__ = state["annotations"]
-    values, replace = state["globals"]
-    for name, value in values.items():
-        if replace:
-            func.__globals__[name] = value
-        else:
-            func.__globals__.setdefault(name, value)  # (the worker's own, where it has one)
-    for cell, value in zip(func.__closure__ or (), state["closure"]):
-        if value is not _MISSING_CELL:
+    if "annotations" in state:
+        func.__annotations__ = state["annotations"]
+    if state["type_params"]:
+        func.__type_params__ = state["type_params"]
+    if state["replace"]:
+        func.__globals__.update(state["globals"])
+    else:
+        for name, value in state["globals"].items():
+            func.__globals__.setdefault(name, value)
+    for cell, value in zip(func.__closure__ or (), state["cells"]):
+        if value is not _EMPTY:
             cell.cell_contents = value
 
 

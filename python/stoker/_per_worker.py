@@ -39,6 +39,7 @@ import copyreg
 import os
 import sys
 import threading
+import weakref
 
 _PREFIX = "_stoker_per_worker_"
 _table_lock = threading.Lock()  # makes an attribute's record; held for no factory
@@ -58,13 +59,17 @@ class _Held:
     """One attribute of one instance in one process: its handle once opened, and the lock its
     factory runs under. Pickles and copies as nothing held."""
 
-    __slots__ = ("pid", "value", "opened", "lock")
+    __slots__ = ("pid", "owner", "value", "opened", "lock")
 
-    def __init__(self):
+    def __init__(self, owner=None):
         self.pid = os.getpid()
+        self.owner = _ref(owner)  # the instance it is for (a shallow copy's is another)
         self.value = None
         self.opened = False
         self.lock = threading.RLock()
+
+    def mine(self, obj) -> bool:
+        return self.pid == os.getpid() and self.owner is not None and self.owner() is obj
 
     def __reduce__(self):
         return _Held, ()
@@ -102,13 +107,13 @@ class per_worker:  # noqa: N801 (used as a decorator, like functools.cached_prop
                 f"it has nowhere to keep its {self.name!r} handle; add '__dict__' to its "
                 "__slots__")
         held = d.get(self.key)
-        if held is None or held.pid != os.getpid():
+        if held is None or not held.mine(obj):
             with _table_lock:
                 held = d.get(self.key)
-                if held is None or held.pid != os.getpid():
-                    if held is not None and held.opened:
+                if held is None or not held.mine(obj):
+                    if held is not None and held.opened and held.pid != os.getpid():
                         _inherited.append(held.value)  # the parent's (a fork): left alone
-                    held = d[self.key] = _Held()
+                    held = d[self.key] = _Held(obj)
         return held
 
     def __get__(self, obj, owner=None):
@@ -137,7 +142,18 @@ class per_worker:  # noqa: N801 (used as a decorator, like functools.cached_prop
     def opened(self, obj) -> bool:
         """Whether `obj` holds a handle of this process (without opening one)."""
         held = getattr(obj, "__dict__", {}).get(self.key)
-        return held is not None and held.opened and held.pid == os.getpid()
+        return held is not None and held.opened and held.mine(obj)
+
+
+def _ref(obj):
+    """A weak reference to `obj`, or (no weak references to it) a callable that returns it
+    (then held strongly: the record is in its own __dict__, a cycle the collector frees)."""
+    if obj is None:
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _leave_out_of_pickles(owner) -> None:

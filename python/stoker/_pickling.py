@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import threading
 
 from . import _by_value
 
@@ -39,6 +40,12 @@ class Pickler(_by_value.Pickler):
     to workers."""
 
     to_worker = False
+    busy = False
+
+    def __init__(self, file, protocol: int = pickle.HIGHEST_PROTOCOL, buffer_callback=None,
+                 forking: bool = False):
+        super().__init__(file, protocol, buffer_callback=buffer_callback, forking=forking)
+        self.file = file
 
     def reduce_other(self, obj):
         torch = sys.modules.get("torch")
@@ -54,7 +61,25 @@ class Pickler(_by_value.Pickler):
         return (_rebuild_tensor, (dtype_name, tuple(t.shape), raw, str(obj.device), obj.requires_grad))
 
 
+_mine = threading.local()  # this thread's pickler, reused: a batch pickles a leaf at a time
+
+
 def dumps(obj, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
-    buf = io.BytesIO()
-    Pickler(buf, protocol=protocol).dump(obj)
-    return buf.getvalue()
+    """`obj` pickled as above. A thread reuses one pickler (its memo cleared each time: the
+    encoder calls this for every leaf it cannot lay out flat), unless a pickle is already under
+    way in it (an object's own reduction that pickles), or the reductions changed since."""
+    p = getattr(_mine, "pickler", None)
+    if p is None or p.busy or p.proto != protocol or p.stale():
+        p = Pickler(io.BytesIO(), protocol=protocol)
+        _mine.pickler = p
+    out = p.file
+    out.seek(0)
+    out.truncate()
+    p.clear_memo()
+    p.forget_globals()
+    p.busy = True
+    try:
+        p.dump(obj)
+        return out.getvalue()
+    finally:
+        p.busy = False

@@ -1,5 +1,5 @@
-"""stoker's by-value rules (``stoker/_by_value.py``, copied beside this file by the test) on
-another Python, without stoker or torch: a local class, a lambda, a closure, a partial and a
+"""stoker's by-value rules (``stoker/_by_value.py`` and ``_main_script.py``, copied beside this
+file by the test, as a package ``rules``) on another Python, without stoker or torch: a local class, a lambda, a closure, a partial and a
 class defined under this script's main guard, sent to forkserver and spawn children as stoker
 sends its workers' dataset, collate_fn and worker_init_fn. Prints one JSON line.
 
@@ -14,7 +14,7 @@ import multiprocessing
 import pickle
 import sys
 
-import _by_value
+from rules import _by_value
 
 
 def load_and_run(data: bytes) -> list:
