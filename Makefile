@@ -7,7 +7,7 @@ DEPS     := $(VENV)/.deps-stamp
 CPPBUILD := build/cpp
 JOBS     ?= 2
 
-PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff
+PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff mypy==2.4.1
 # The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
 FW_REQS  := tests/requirements-frameworks.txt
 FW_DEPS  := $(VENV)/.frameworks-stamp
@@ -132,7 +132,8 @@ stubs: install
 lint: $(DEPS)
 	@command -v clang-format >/dev/null || (apt-get update -qq && apt-get install -y -qq clang-format)
 	clang-format --dry-run --Werror cpp/stoker/*.h cpp/stoker/*.cc cpp/tests/*.cc python/stoker/_ext/*.cc
-	$(VENV)/bin/ruff check python tests benchmarks examples
+	$(VENV)/bin/ruff check python tests benchmarks examples tools
+	$(VPY) tools/typecheck.py
 
 format: $(DEPS)
 	clang-format -i cpp/stoker/*.h cpp/stoker/*.cc cpp/tests/*.cc python/stoker/_ext/*.cc

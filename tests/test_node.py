@@ -195,6 +195,31 @@ def test_tensor_parallel_pair_loads_each_sample_once(tmp_path):
     assert sorted(loaded) == sorted(list(range(N)) * 2)  # two epochs, each sample once
 
 
+def test_a_pair_out_of_step_still_loads_each_sample_once(tmp_path):
+    """Whatever the timing: rank 1 takes each batch 0.15 s after rank 0 has let go of it (no
+    barrier), and the pool keeps it for rank 1 instead of loading it again."""
+    calls = tmp_path / "calls"
+    reps, _ = run_ranks(tmp_path, "tp_apart", extra={"CALLS": str(calls)})
+    assert reps[0]["epochs"] == reps[1]["epochs"]
+    loaded = [int(x) for x in calls.read_text().split()]
+    assert sorted(loaded) == sorted(list(range(N)) * 2), len(loaded)
+
+
+def test_two_datasets_share_the_nodes_workers_never_more_than_n_at_once(tmp_path):
+    """Node(workers=2) bounds the node: two ranks whose datasets differ (a group each) never
+    load more than 2 samples at once between them, counted across every process; and each
+    rank's stats name the pool workers by their own pids."""
+    track = tmp_path / "track"
+    reps, _ = run_ranks(tmp_path, "shards", extra={"TRACK": str(track)})
+    now, most = (int(x) for x in track.read_text().split())
+    assert now == 0 and most == 2, (now, most)  # (the budget reached, never passed)
+    for r in reps:
+        pool = r["pool_now"]
+        assert pool["pid"] not in pool["pids"] and pool["pids"], pool
+        assert set(r["worker_pids"]) <= set(pool["pids"]), (r["worker_pids"], pool)
+    assert set(reps[0]["pool_now"]["pids"]).isdisjoint(reps[1]["pool_now"]["pids"])
+
+
 def _as_nobody(fn) -> str:
     """Runs `fn` in a forked child switched to uid/gid 65534 (no exec: this machine's Python may
     not be readable by that user); returns what it returned, as text."""
@@ -566,10 +591,9 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
     def chaos():
         rng = random.Random(7)
         while not stop.wait(rng.uniform(0.2, 0.5)):
-            try:  # the pool's grandchildren: its fork server's children, the workers
-                workers = [c.pid for p in psutil.Process(pool_pid[0]).children()
-                           for c in p.children()]
-            except (psutil.Error, IndexError):
+            try:  # the pool's workers for this dataset now, as its stats name them
+                workers = [p for p in dl.stats()["pool"]["pids"] if psutil.pid_exists(p)]
+            except (KeyError, TypeError):
                 continue
             if workers:
                 victim = rng.choice(workers)
@@ -599,7 +623,7 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
         if thread is not None:
             thread.join()
     assert len(kills) >= 20, kills
-    del dl
+    dl = None  # (the loader goes: its pool follows)
     assert _gone(pool_pid) == []
 
 

@@ -131,11 +131,12 @@ def _refused() -> set:
     import dataclasses
     import weakref
 
-    views = [type(getattr(d, k)()) for d in ({}, collections.OrderedDict())
-             for k in ("keys", "values", "items")]
+    empty: list[dict] = [{}, collections.OrderedDict()]
+    views = [type(getattr(d, k)()) for d in empty for k in ("keys", "values", "items")]
     return {classmethod, staticmethod, property, types.GetSetDescriptorType, types.ModuleType,
             types.MappingProxyType, weakref.WeakSet, abc.abstractclassmethod,
-            abc.abstractstaticmethod, abc.abstractproperty, dataclasses._FIELD_BASE, *views}
+            abc.abstractstaticmethod, abc.abstractproperty,
+            type(dataclasses._FIELD), *views}  # type: ignore[attr-defined]
 
 
 def _code_reduce(code):
@@ -173,7 +174,7 @@ def _table(forking: bool) -> dict:
     a starting process) with the reducers above; rebuilt when another reducer is registered."""
     from multiprocessing import reduction
 
-    extra = reduction.ForkingPickler._extra_reducers if forking else {}
+    extra = reduction.ForkingPickler._extra_reducers if forking else {}  # type: ignore
     stamp = (len(copyreg.dispatch_table), len(extra))
     kept = _tables.get(forking)
     if kept is None or kept[0] != stamp:
@@ -377,7 +378,7 @@ def dumps(obj) -> bytes:
     probe = None
     if context.get_spawning_popen() is None:
         probe = _Probe()
-        context.set_spawning_popen(probe)
+        context.set_spawning_popen(probe)  # type: ignore[arg-type]  # (its protocol)
     try:
         Pickler(buf, forking=True).dump(obj)
     finally:

@@ -91,7 +91,10 @@ def _bound(stmt, names: set) -> set | None:
         blocks.append(handler.body)
     for case in getattr(stmt, "cases", []):
         blocks.append(case.body)
-        names.update(n.name for n in ast.walk(case.pattern) if getattr(n, "name", None))
+        for n in ast.walk(case.pattern):  # (a capture: `case Point(x=px)`, `case [*rest]`)
+            name = getattr(n, "name", None)
+            if isinstance(name, str):
+                names.add(name)
     for block in blocks:
         for child in block:
             if _bound(child, names) is None:

@@ -101,14 +101,10 @@ def _children() -> list[int]:
             if b"resource_tracker" not in cmd and b"forkserver" not in cmd]
 
 
-def _pool_workers(pool_pid: int) -> list[int]:
-    """The node pool's workers as they are now: the children of its fork server (the pids a
-    rank's stats() gives are those of when it joined)."""
-    out = []
-    for pid, cmd in _live_children(pool_pid):
-        if b"forkserver" in cmd:
-            out += [w for w, _ in _live_children(pid)]
-    return out
+def _pool_workers(pool: dict) -> list[int]:
+    """The node pool's workers for this loader's dataset as they are now: what the rank's
+    stats() names (the pool tells each rank when one starts or ends), those alive."""
+    return [pid for pid in pool.get("pids") or () if os.path.exists(f"/proc/{pid}")]
 
 
 class Killer(threading.Thread):
@@ -151,7 +147,7 @@ class Killer(threading.Thread):
         pool = st.get("pool")
         if pool:  # node placement: the pool's processes, not the rank's virtual workers
             return [{"pid": p, "state": "?", "index": None}
-                    for p in _pool_workers(pool["pid"])], pool
+                    for p in _pool_workers(pool)], pool
         return [w for w in st["workers"] if w.get("alive") and w.get("pid")], None
 
     def _kill_one(self) -> None:

@@ -15,6 +15,7 @@ Plain values: made by the thread that waits on the placement, read by it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from . import protocol
 
@@ -38,13 +39,26 @@ def _slots(cls):
     return out
 
 
+class BatchHandle(Protocol):
+    """What ``BatchReady.batch`` is, whatever the placement: the local placement's
+    ``PendingBatch`` (a slot of this process's supervisor), ``buffer_batch.BufferBatch`` (the
+    node pool's slot, a Ray object). The iterating thread calls one of the two, once."""
+
+    def decode(self) -> object:
+        """The batch (tensor views of its buffer; the buffer goes back when the last view
+        dies)."""
+
+    def discard(self) -> None:
+        """Gives the buffer back without building anything."""
+
+
 class BatchReady(Event):
     """The batch of `task` is ready: ``batch.decode()`` builds it (tensor views of its buffer),
-    ``batch.discard()`` gives the buffer back without building anything."""
+    ``batch.discard()`` gives the buffer back without building anything (``BatchHandle``)."""
 
     __slots__ = ("batch",)
 
-    def __init__(self, worker: int, task: int, batch):
+    def __init__(self, worker: int, task: int, batch: BatchHandle):
         super().__init__(worker, task)
         self.batch = batch
 
@@ -142,6 +156,9 @@ class WorkerExited:
     # worker_init_fn; for Ray, in the actor's creation): a new one would fail the same way.
     # A start-up ended from outside (a signal: the OOM killer, an operator) is not that.
     start_failed: bool = False
+    # Its placement can start no worker in its place (the node pool's workers for this dataset
+    # kept failing, or were lost): the run ends with this death, whatever the restart policy.
+    restartable: bool = True
 
 
 def from_message(worker: int, mtype: int, task: int, a: int, payload, batch):

@@ -68,3 +68,10 @@ def close_inherited(keep: int) -> None:
                 pass
     _pending.clear()
     _supervisors.clear()
+
+
+def forget_all() -> None:
+    """Forgets every engine descriptor without closing it: in a process that has already
+    closed them all (the node pool's template), whose numbers may now be reused."""
+    _pending.clear()
+    _supervisors.clear()

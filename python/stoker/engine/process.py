@@ -42,9 +42,10 @@ _STDERR_KEEP = 256 * 1024
 
 
 def parent_pid_for(start_method: str) -> int:
-    """The pid a worker checks its parent against: this process, except under forkserver, where
-    the parent is the fork server (the channel's EOF covers this process there)."""
-    return os.getpid() if start_method != "forkserver" else 0
+    """The pid a worker checks its parent against: this process under fork and spawn; 0 where
+    its parent is another process (a fork server, the node pool's template): the channel's EOF
+    covers this process there."""
+    return os.getpid() if start_method in ("fork", "spawn") else 0
 
 
 def _main_gone(fd: int) -> bool:

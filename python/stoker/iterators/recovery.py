@@ -58,7 +58,7 @@ class Recovery:
         st.deaths.append(death)
         board.add("deaths")
         head = f"DataLoader worker {ex.worker} (pid {ex.pid}) {ex.explanation}\n{_torch_words(ex)}"
-        if ex.start_failed and ex.started:  # the placement cannot start it again (node pool)
+        if not ex.restartable and not ex.start_failed:  # its placement cannot start another
             raise crashed(death, indices, f"{head}\nA new worker would fail the same way: it "
                           "is not restarted.")
         if ex.start_failed:  # its own failure while starting: a new one would fail too

@@ -47,8 +47,9 @@ BUSY = ("loading", "collating", "encoding")
 
 # Threads that hold no lock a forked child could need: multiprocessing's queue feeders (left by
 # torch's own DataLoader, for one) reset their state after a fork; tqdm's monitor sleeps between
-# brief checks of its bars (every progress-bar user has one: a warning there would be noise).
-_FORK_SAFE_THREADS = ("QueueFeederThread", "tqdm_monitor")
+# brief checks of its bars (every progress-bar user has one: a warning there would be noise);
+# the node placement's release senders wait on their own pipe and write only their own socket.
+_FORK_SAFE_THREADS = ("QueueFeederThread", "tqdm_monitor", "stoker-node-release")
 
 
 @dataclass
@@ -62,7 +63,9 @@ class _Process:
     hung: Hung | None = None  # killed on purpose, for a hang: its death is named with it
 
 
-def _other_threads() -> list[str]:
+def other_threads() -> list[str]:
+    """The names of this process's other live Python threads, but those known to hold no lock a
+    forked child could need."""
     me = threading.current_thread()
     return [t.name for t in threading.enumerate()
             if t is not me and t.is_alive() and t.name not in _FORK_SAFE_THREADS]
@@ -103,7 +106,7 @@ class LocalProcesses(Workers):
         super().start_all(count, config)
 
     def _warn_other_threads(self) -> None:
-        names = _other_threads()
+        names = other_threads()
         if names:
             warnings.warn(
                 f"stoker: forking DataLoader workers while this process runs other threads "
@@ -289,9 +292,10 @@ class LocalProcesses(Workers):
             hung=(hung.seconds, hung.stack) if hung else None,
             stuck=hung.stuck if hung else None,
         )
-        return WorkerExited(worker_id, pid, signum, None if signum else exit_code, cause,
-                            explanation, index, busy, hung is not None,
-                            bool(status) or hung is not None,
+        return WorkerExited(worker=worker_id, pid=pid, signum=signum,
+                            exit_code=None if signum else exit_code, cause=cause,
+                            explanation=explanation, index=index, busy=busy,
+                            hung=hung is not None, started=bool(status) or hung is not None,
                             outside=signum == signal.SIGKILL and not oom and hung is None,
                             task=status.get("task") if busy or hung else None,
                             position=status.get("position") if busy or hung else None,

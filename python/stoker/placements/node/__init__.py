@@ -1,17 +1,20 @@
 """One pool of workers per machine, serving every rank of a job (``placement=stoker.Node()``).
 
-Four parts, each in its own module (docs/design/node.md has the whole picture, the threads and
-the threat model):
+Its parts, one job per module (docs/design/node.md has the whole picture, the threads and the
+threat model):
 
 - ``wire.py``: the connection between a rank and the pool (an abstract Unix socket named for
   the user and the job, peer credentials checked on both sides, descriptors passed beside the
-  messages);
+  messages) and the table of messages both ends import;
 - ``rendezvous.py``: which job a process belongs to, and a connection to its pool, started when
-  there is none;
-- ``pool.py`` and ``group.py``: the pool process, and the workers of one dataset in it, shared
-  by every rank that loads the same dataset (scheduling, loading a tensor-parallel group's
-  batch once, deaths);
-- ``workers.py``: ``NodeWorkers``, a rank's side, behind the ``Workers`` interface.
+  there is none (with ``template.py``: a fork of the starting rank the pool's workers are forked
+  from);
+- the pool process: ``pool.py`` (connections, the node's ``budget.py``), ``group.py`` (the
+  workers of one dataset, shared by every rank that loads it: its records and scheduling),
+  ``ledger.py`` and ``streams.py`` (batches held and kept for the ranks of a tensor-parallel
+  group), ``deaths.py`` (the deaths only this placement has, named);
+- a rank's side: ``workers.py`` (``NodeWorkers``, behind the ``Workers`` interface),
+  ``hello.py`` (what it sends to join), ``connection.py`` (its socket and the batches it holds).
 """
 
 from .workers import NodeWorkers

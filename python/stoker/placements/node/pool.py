@@ -5,21 +5,30 @@ It detaches as it starts (it is nobody's child: no rank's exit or ``wait`` conce
 the job's abstract socket (a second pool of the same job finds the name taken and leaves), and
 serves connections of its own user only (``wire.check_peer``), one per rank's iterator:
 
-- a ``hello`` brings the dataset's sealed memfd, its key and the workers' config; the
-  connection joins the ``Group`` of that key (made for the first one: group.py);
-- ``task`` / ``release`` / ``kill`` / ``forget`` go to the group; batches, events and deaths
-  come back on the same connection (``send``);
+- a ``Hello`` brings the dataset's sealed memfd, its key and the workers' config; the
+  connection joins the ``Group`` of that key (made for the first one: group.py), or is
+  ``Refused`` with the reason (another protocol version, a config it cannot read);
+- ``Task`` / ``Release`` / ``Forget`` / ``Kill`` go to the group; batches, events
+  and deaths come back on the same connection (``send``). A message whose handling fails is
+  answered, never dropped: the virtual worker it concerns dies, named (``deaths.message_failed``);
 - a connection that ends (its iterator finished, or its process died: the pool also watches
   the peer's pidfd, so a descriptor inherited by a child of the rank cannot hide its death)
   leaves its group: its tasks are dropped and its batches let go.
+
+The node's bound (``Budget``: at most N pool workers loading at once, whatever their group) is
+made at the first hello; the processes are forked from the pool's template (template.py).
 
 A group no client has used for ``LINGER_S`` ends its workers; the pool exits when it has no
 group and no client (also when nobody connected within ``LINGER_S`` of its start), so nothing
 outlives the job: when the last rank ends, normally or killed, the pool and its workers follow.
 
-Threads: the main thread accepts; one thread per connection reads it; one per group waits on its
-workers (group.py). All state is under ``Pool.lock``; ``send`` takes a connection's own lock
-for the write, so a message is never interleaved with another.
+Threads: the main thread accepts and expires idle groups; per connection, one thread reads it
+(and runs what its messages ask of the group, under that group's lock) and one writes its outbox
+(``_Client.write``: the only writer of that socket, so a rank that pauses reading stalls only
+its own messages); per group, one thread waits on its workers (group.py). ``Pool.lock`` guards
+the pool's tables (clients, groups, ranks) only: it is never held while a group works or a
+process starts, and a group's lock may be taken under it (never the other way round). ``send``
+and ``wake`` take no lock of the pool's.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ import threading
 import time
 
 from ... import _system
-from . import wire
+from . import template, wire
+from .budget import Budget
 from .group import Group
 
 log = logging.getLogger("stoker")
@@ -53,7 +63,7 @@ class _Client:
         self.sock = sock
         self.pid = pid
         self.group: Group | None = None
-        self.rank = None
+        self.rank: str | None = None
         self.outbox: collections.deque = collections.deque()  # (message, its own fd copies)
         self.ready = threading.Condition(threading.Lock())
         self.closed = False
@@ -100,12 +110,20 @@ class _Client:
 
 
 class Pool:
-    def __init__(self, job: str, listener: socket.socket):
+    def __init__(self, job: str, listener: socket.socket, forker: template.Forker):
         self.job = job
-        self.lock = threading.RLock()
+        self.forker = forker  # where workers are forked from (template.py)
+        # Guards the tables below only; never held while a group works or a process starts.
+        self.lock = threading.Lock()
         self._listener = listener
         self._clients: dict[int, _Client] = {}
         self._groups: dict[str, Group] = {}
+        self.budget: Budget | None = None  # made at the first hello (its ranks say the size)
+        self._ranks_expected = 0  # LOCAL_WORLD_SIZE, as the ranks said
+        self._ranks_seen: set = set()  # the ranks that joined (their RANK, else their pid)
+        # rank processes seen (pid -> a pidfd of it, and the groups it joined): when one ends,
+        # its groups keep nothing more for it
+        self._rank_procs: dict[int, tuple[int, set]] = {}
         self._next = 0
         self._idle_since = time.monotonic()
 
@@ -137,27 +155,32 @@ class Pool:
 
     def _expire(self) -> bool:
         """Ends groups idle for LINGER_S; True when the pool itself should end."""
+        self._ranks_ended()
         now = time.monotonic()
-        ended = []
         with self.lock:
-            for key, g in list(self._groups.items()):
-                # (a broken group goes with its last client: a rank restarted by its launcher
-                # gets new workers, not that group's verdict)
-                if not g.clients and (now - g.idle_since > LINGER_S or g.broken is not None):
-                    ended.append(self._groups.pop(key))
+            groups = list(self._groups.items())
+        ended = [(k, g) for k, g in groups
+                 # (a broken group goes with its last client: a rank restarted by its launcher
+                 # gets new workers, not that group's verdict)
+                 if not g.clients and (now - g.idle_since > LINGER_S or g.broken is not None)]
+        with self.lock:
+            for k, g in ended:
+                if self._groups.get(k) is g:
+                    del self._groups[k]
             last = not self._clients and now - self._idle_since > LINGER_S
             if self._clients:
                 self._idle_since = now
             if last:
                 self._listener.close()  # no connection can arrive from here on
-                ended += self._groups.values()
+                ended += list(self._groups.items())
                 self._groups.clear()
-            for g in ended:
-                g.close()
-        for g in ended:
-            # (outside the lock, which the group's thread takes): its workers end, and no
-            # thread of ours may be in the engine's C++ when the interpreter exits
+        for _, g in ended:
+            g.close()
+            # its workers end, and no thread of ours may be in the engine's C++ when the
+            # interpreter exits
             g.end()
+        if last:
+            self.forker.close()
         return last
 
     # -- a connection's thread -------------------------------------------------------------------
@@ -185,77 +208,124 @@ class Pool:
                 try:
                     self._handle(c, message, fds)
                 except Exception as e:
-                    # the rank lives and may hold batches: dropping it would free their slots
-                    # under its views; the message is dropped, the connection kept
+                    # Never dropped: the rank waits for an answer. A hello is refused with the
+                    # reason; anything about a virtual worker ends that worker, named, and the
+                    # rank re-issues its work under its policy.
                     log.exception("stoker node pool: a message from pid %d failed", c.pid)
                     wire.close_all(fds)
-                    if message[0] == "hello":  # the rank waits for this answer: say why
-                        c.put(("error", f"{type(e).__name__}: {e}"), ())
+                    if isinstance(message, wire.Hello) or c.group is None:
+                        c.put(wire.Refused(f"{type(e).__name__}: {e}"), ())
+                    else:
+                        c.group.tell_failed(c.cid, message, e)
+                self.wake()
         finally:
             if pidfd is not None:
                 os.close(pidfd)
             self._leave(c)
 
-    def _handle(self, c: _Client, message, fds) -> None:
-        op = message[0]
-        if op == "hello":
-            self._hello(c, message[1], fds)
+    def _handle(self, c: _Client, m, fds) -> None:
+        if isinstance(m, wire.Hello):
+            self._hello(c, m, fds)
             return
         wire.close_all(fds)
-        with self.lock:
-            g = c.group
-            if g is None:
-                return
-            if op == "task":
-                g.add_task(c.cid, *message[1:])
-            elif op == "release":
-                g.release(c.cid, message[1])
-            elif op == "forget":
-                g.forget(c.cid, message[1], message[2])
-            elif op == "kill":
-                targets = g.kill_targets(c.cid, *message[1:])
-        if op == "kill":
-            g.kill(targets)  # (a stack takes up to a second: not under the lock)
+        g = c.group
+        if g is None:
+            raise TypeError(f"a {type(m).__name__} before the connection's hello")
+        if isinstance(m, wire.Task):
+            g.add_task(c.cid, m)
+        elif isinstance(m, wire.Release):
+            g.release(c.cid, m.bid)
+        elif isinstance(m, wire.Forget):
+            g.forget(c.cid, m.w, m.gen)
+        elif isinstance(m, wire.Kill):
+            g.kill(g.kill_targets(c.cid, m.w, m.gen, m.hung))  # (a stack: up to a second)
+        else:
+            raise TypeError(f"not a message of the node pool: {m!r}")
 
-    def _hello(self, c: _Client, hello: dict, fds) -> None:
+    def _hello(self, c: _Client, m: wire.Hello, fds) -> None:
         from ...engine.sealed import Sealed
 
+        if getattr(m, "version", None) != wire.VERSION:
+            wire.close_all(fds)
+            c.put(wire.Refused(f"this node pool speaks version {wire.VERSION} of its protocol "
+                               f"and the rank {getattr(m, 'version', '?')}: the rank and the "
+                               "pool run different versions of stoker"), ())
+            return
         with self.lock:
-            g = self._groups.get(hello["key"])
-            if g is None:
-                size = _pool_size(hello["workers"], hello["ranks"])
-                config = hello["config"]
-                config.num_workers = size
+            if self.budget is None:
+                self.budget = Budget(_pool_size(m.workers, m.ranks))
+            g = self._groups.get(m.key)
+            if g is None:  # (starts no process: workers start as tasks need them)
+                m.config.num_workers = self.budget.limit
                 sealed = Sealed.adopt(fds[0], fds[1:])
                 fds.clear()  # the Sealed's now, whatever happens next
-                g = Group(self, hello["key"], config, sealed, size)
-                self._groups[hello["key"]] = g
-            else:
-                wire.close_all(fds)
-            g.attach(c.cid)
-            c.group, c.rank = g, hello.get("rank")
-            pids = g.pids()
-            ranks = len(g.clients)
-        self.send(c.cid, ("ready", {"pid": os.getpid(), "workers": g.size, "pids": pids,
-                                    "job": self.job, "clients": ranks}))
+                g = Group(self, m.key, m.config, sealed, self.budget.limit, self.budget,
+                          self.forker.context())
+                self._groups[m.key] = g
+            c.group, c.rank = g, m.rank
+            self._ranks_expected = max(self._ranks_expected, int(m.ranks or 1))
+            self._ranks_seen.add(m.rank if m.rank is not None else f"pid {c.pid}")
+            more = self._ranks_expected - len(self._ranks_seen)
+            groups = list(self._groups.values())
+            self._watch_rank(c.pid, g)
+        wire.close_all(fds)
+        g.attach(c.cid, c.pid)
+        for other in groups:
+            other.expect(more)
+        self.send(c.cid, wire.Ready(os.getpid(), self.job, self.budget.limit, tuple(g.pids()),
+                                    g.clients))
+
+    def _watch_rank(self, pid: int, g: Group) -> None:
+        """(Under the lock.) Remembers that rank process `pid` joined `g`."""
+        known = self._rank_procs.get(pid)
+        if known is None:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1
+            known = self._rank_procs[pid] = (pidfd, set())
+        known[1].add(g)
+
+    def _ranks_ended(self) -> None:
+        """Tells each group which of its ranks' processes ended (the main thread's rounds)."""
+        ended = []
+        with self.lock:
+            for pid, (pidfd, groups) in list(self._rank_procs.items()):
+                if pidfd < 0 or select.select([pidfd], [], [], 0)[0]:
+                    del self._rank_procs[pid]
+                    if pidfd >= 0:
+                        os.close(pidfd)
+                    ended.append((pid, groups))
+        for pid, groups in ended:
+            for g in groups:
+                g.rank_gone(pid)
 
     def _leave(self, c: _Client) -> None:
         with self.lock:
             self._clients.pop(c.cid, None)
-            if c.group is not None:
-                c.group.detach(c.cid)
+        if c.group is not None:
+            c.group.detach(c.cid)
         c.close()
         c.shut()
+        self.wake()
 
     # -- what groups call ------------------------------------------------------------------------
     def send(self, cid: int, message, fds=()) -> bool:
         """Queues a message for client `cid` (its writer sends it; `fds` are copied now);
-        False when it is gone (its end is handled by its reader)."""
+        False when it is gone (its end is handled by its reader). Any thread, any lock held."""
         c = self._clients.get(cid)
         if c is None:
             return False
         c.put(message, fds)
         return True
+
+    def wake(self) -> None:
+        """Tokens of the node's budget are free: the groups waiting for them dispatch, furthest
+        behind first. Called with no lock held."""
+        if self.budget is None:
+            return
+        for g in self.budget.waiting():
+            g.dispatch()
 
 
 def _pool_size(workers, ranks: int) -> int:
@@ -280,18 +350,21 @@ def _detach() -> None:
 
 
 def main(argv: list[str]) -> int:
+    """``JOB [TEMPLATE_FD]``: the job's name, and the link to the template of the rank that
+    started this pool (template.py), when it made one."""
     job = argv[0]
+    link_fd = int(argv[1]) if len(argv) > 1 else None
     # Set by rendezvous so that this process skips torch; its workers import stoker as any does.
     os.environ.pop("STOKER_NODE_POOL", None)
     listener = wire.new_socket()
     try:
         listener.bind(wire.address(job))
     except OSError:  # another pool of this job holds the name: the ranks use that one
-        return 0
+        return 0  # (the template, if any, sees its link end and exits)
     listener.listen(64)
     _detach()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    Pool(job, listener).serve()
+    Pool(job, listener, template.for_pool(link_fd)).serve()
     return 0
 
 

@@ -14,9 +14,13 @@ descriptors (a batch's slot, the dataset's sealed memfd) beside them as SCM_RIGH
 Both ends are processes of the same user, which trust each other (docs/design/node.md states
 the threat model): a message is a pickle, as multiprocessing's own pipes are.
 
+The messages are the table below, one ``NamedTuple`` per kind, imported by both ends; a rank's
+``Hello`` carries ``VERSION`` and a pool of another version refuses it (``Refused``) rather
+than misread it.
+
 Thread contract: ``send`` on one socket may be called from several threads only under the
 caller's lock (a message is one ``sendmsg``, but the caller keeps its order); ``recv`` by one
-thread per socket.
+thread per socket. The messages are immutable values: any thread.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ import os
 import pickle
 import socket
 import struct
+from typing import NamedTuple
+
+from ...engine import events
+from ...engine.worker import WorkerConfig
+from ..base import Hung
 
 INLINE_MAX = 64 * 1024
 _RECV_MAX = INLINE_MAX + 64
@@ -130,3 +139,129 @@ def close_all(fds) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+# -- the messages -------------------------------------------------------------------------------
+# Bumped whenever a message below changes: a pool and a rank of different stoker versions do not
+# talk (the rank is refused at its hello, with both versions named).
+VERSION = 2
+
+
+# A rank to the pool. `w` is the rank's virtual worker, `gen` its incarnation (what the pool sends
+# for an incarnation that has died since is dropped by both ends).
+class Hello(NamedTuple):
+    """A rank's iterator joins: the group `key`, the workers' config (the dataset, collate_fn
+    and worker_init_fn come beside it, in the sealed memfd), the pool size it asks for, the
+    ranks on this machine and its own rank. Answered by ``Ready`` or ``Refused``."""
+
+    version: int
+    key: str
+    config: WorkerConfig
+    workers: int | str  # an int, or "auto"
+    ranks: int
+    rank: str | None
+
+
+class Task(NamedTuple):
+    """Load task `task` (the rank's number) for virtual worker `w`: its index list as
+    ``protocol.encode_task`` made it, seeded from (`base_seed`, `epoch`)."""
+
+    w: int
+    gen: int
+    task: int
+    fmt: int
+    payload: bytes
+    base_seed: int
+    epoch: int
+
+
+class Release(NamedTuple):
+    """The rank let go of batch `bid` (its last view died)."""
+
+    bid: int
+
+
+class Forget(NamedTuple):
+    """Drop every task of virtual worker `w` up to incarnation `gen` (the rank re-issues them,
+    or no longer wants them)."""
+
+    w: int
+    gen: int
+
+
+class Kill(NamedTuple):
+    """The rank's hang watch gave up on virtual worker `w`: kill the pool worker loading its
+    task, named with `hung` (``base.Hung``)."""
+
+    w: int
+    gen: int
+    hung: Hung
+
+
+# The pool to a rank.
+class Ready(NamedTuple):
+    """The answer to ``Hello``: the pool's pid, its job, the most pool workers that may load
+    at once (the node's bound), this group's worker pids and how many ranks it serves."""
+
+    pid: int
+    job: str
+    workers: int
+    pids: tuple
+    clients: int
+
+
+class Refused(NamedTuple):
+    """The pool cannot take this rank's loader: why, in words for the user."""
+
+    reason: str
+
+
+class Pids(NamedTuple):
+    """The pool workers of the rank's group now (sent when one starts or ends): what
+    ``stats()["pool"]["pids"]`` names."""
+
+    pids: tuple
+
+
+class Began(NamedTuple):
+    """A pool worker past its start-up (process `pid`) took task `task` of `w`."""
+
+    w: int
+    gen: int
+    task: int
+    pid: int
+
+
+class Batch(NamedTuple):
+    """Task `task`'s batch: batch `bid` of the pool, `nbytes` at `offset` of the slot's memfd
+    (which comes beside the message), loaded by pool worker process `pid`."""
+
+    w: int
+    gen: int
+    task: int
+    bid: int
+    offset: int
+    nbytes: int
+    pid: int
+
+
+class Event(NamedTuple):
+    """Any other event of `w`'s task (``engine.events``: skips, an error, a stream's state)."""
+
+    w: int
+    gen: int
+    event: events.Event
+
+
+class Died(NamedTuple):
+    """Virtual worker `w` died with a pool worker (or the pool could not load its task):
+    ``events.WorkerExited``, named as a local death is. The pool has forgotten the rest of
+    that incarnation's tasks."""
+
+    w: int
+    gen: int
+    exited: events.WorkerExited
+
+
+FROM_RANK = (Hello, Task, Release, Forget, Kill)
+FROM_POOL = (Ready, Refused, Pids, Began, Batch, Event, Died)

@@ -19,8 +19,8 @@ import dataclasses
 import threading
 import time
 
-from ... import _stoker
 from ...engine import protocol
+from ...engine.buffer_batch import BufferBatch
 from ...engine.events import TaskFailed, WorkerExited, WorkerLost, WorkerReady, from_message
 from ..base import Hung, Workers, WorkerView
 from .actor import actor_class, ray_module
@@ -32,22 +32,10 @@ _SLICE_S = 0.05  # waits return to Python this often (Ctrl+C)
 _RETRY_LOST_S = 2.0  # a lost worker is tried again this long after it was found without room
 
 
-class _Batch:
-    """A batch in the object store (``BatchReady.batch``): views of it, or nothing."""
-
-    def __init__(self, buf, room: Room, worker_id: int):
-        self._buf = buf
-        self._room = room
-        self._worker = worker_id
-
-    def decode(self):
-        buf, self._buf = self._buf, None
-        batch = _stoker.decode_buffer(buf)
-        self._room.hold(self._worker, buf)
-        return batch
-
-    def discard(self) -> None:
-        self._buf = None
+def _batch(buf, room: Room, worker_id: int) -> BufferBatch:
+    """A batch in the object store (``BatchReady.batch``): its views count against the worker's
+    room while the user holds them."""
+    return BufferBatch(lambda: buf, on_view=lambda b: room.hold(worker_id, b))
 
 
 class RayWorkers(Workers):
@@ -291,7 +279,7 @@ class RayWorkers(Workers):
             rec.live = None  # older than the result just in
             rec.done_at = time.monotonic()
         for mtype, t, a, payload in messages:
-            batch = _Batch(payload, self._room, w) if mtype == protocol.MSG_BATCH else None
+            batch = _batch(payload, self._room, w) if mtype == protocol.MSG_BATCH else None
             ev = from_message(w, mtype, t, a, payload, batch)
             if ev is not None:
                 self._events.append(ev)
@@ -314,7 +302,8 @@ class RayWorkers(Workers):
             info["node_lost"] = True
         cause, explanation = name_death(error, info, hung)
         self._events.append(WorkerExited(
-            w, info.get("pid"), 0, None, cause, explanation, hung.index if hung else None,
+            worker=w, pid=info.get("pid"), signum=0, exit_code=None, cause=cause,
+            explanation=explanation, index=hung.index if hung else None,
             busy=task is not None, hung=hung is not None,
             started=bool(info) or bool(snap) or hung is not None, outside=False, task=task,
             position=None, start_failed=start_failed(error)))

@@ -1,0 +1,77 @@
+"""What a rank sends the pool to join it (``wire.Hello``): the group's key, the workers' config
+without the dataset, and the sealed memfd holding the dataset, ``collate_fn`` and
+``worker_init_fn`` (the same memfd spawn and forkserver workers start from).
+
+The key is what decides which ranks share workers: the pickled bytes (and the files passed
+beside them, by device and inode) and the options that change a batch. Ranks whose loaders are
+the same get one group; any other difference (a shard list, a path) gives another.
+
+Pure functions, run by the thread that starts the iterator's workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import multiprocessing.spawn
+import os
+import pickle
+
+from ... import _system
+from ..._errors import EngineError
+from ...engine.sealed import PerWorker, Sealed
+from . import wire
+
+
+def group_key(config, sealed: Sealed) -> tuple[str, bool]:
+    """The group's key, and whether the pickle refers to this process's ``__main__`` (its
+    script's classes)."""
+    h = hashlib.sha256()
+    if sealed.fd is None:
+        raise ValueError("stoker: the dataset's memfd was closed before it was sent")
+    with mmap.mmap(sealed.fd, sealed.nbytes, prot=mmap.PROT_READ) as m:
+        h.update(m)
+        uses_main = m.find(b"__main__") >= 0
+    for fd in sealed.extra_fds:
+        st = os.fstat(fd)
+        h.update(f"{st.st_dev}:{st.st_ino}".encode())
+    h.update(pickle.dumps((config.kind, config.auto_collation, config.collate_mode,
+                           config.drop_last, config.on_error, config.max_retries,
+                           config.shared_seed)))
+    return h.hexdigest(), uses_main
+
+
+def preparation(uses_main: bool) -> dict:
+    """What spawn would tell a child of this process (its sys.path, directory, start method),
+    less its secret (the pool's workers are not this process's children) and, unless the
+    dataset's pickle needs a class of this process's script, less the script: a pool worker
+    runs a script's top level only when it must, as spawn's workers always do (one forked from
+    the template, a copy of a rank of the same script, already has it: multiprocessing then
+    leaves it as it is)."""
+    data = multiprocessing.spawn.get_preparation_data("stoker-node-worker")
+    data.pop("authkey", None)
+    if not uses_main:
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+def make(config, workers) -> tuple[wire.Hello, Sealed]:
+    """The hello for `config`'s loader and the sealed memfd that goes beside it (the caller
+    closes it once sent)."""
+    try:
+        sealed = Sealed((config.dataset, config.collate_fn, config.init_fn))
+    except PerWorker as e:
+        raise EngineError(f"stoker: placement=stoker.Node() needs the dataset pickled once "
+                          f"for the node's pool, and it holds {e}") from None
+    try:
+        key, uses_main = group_key(config, sealed)
+        plain = dataclasses.replace(
+            config, dataset=None, collate_fn=None, init_fn=None, stream_states={},
+            shared_memory_share=None, prepare=preparation(uses_main))
+        return wire.Hello(wire.VERSION, key, plain, workers, _system.local_ranks(),
+                          os.environ.get("RANK")), sealed
+    except BaseException:
+        sealed.close()
+        raise
