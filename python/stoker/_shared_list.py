@@ -3,47 +3,66 @@
 A Python list of a million dicts is a million objects with reference counts. Every worker that
 reads an item writes its reference count, so copy-on-write gives each worker its own copy of
 every page it touched: with 8 workers the dataset's metadata takes 9 times the memory
-("my DataLoader uses 9x the RAM"). A SharedList pickles each item once into one flat buffer in a
-sealed memfd, with an offsets array beside it; reading item i unpickles it from the buffer,
-which is only ever read. Workers share the pages whatever the start method: with ``spawn`` and
-``forkserver`` the memfd is passed to the worker, not copied.
+("my DataLoader uses 9x the RAM"). A SharedList lays each item out once in one flat buffer in a
+sealed memfd, with an offsets array beside it; reading item i builds a fresh object from the
+buffer, which is only ever read. Workers share the pages whatever the start method: with
+``spawn`` and ``forkserver`` the memfd is passed to the worker, not copied.
 
     paths = stoker.SharedList({"path": p, "label": y} for p, y in records)
     paths[17]  # -> a fresh dict equal to the original
+
+Items of the common shapes (dicts with str keys, lists, tuples, str, bytes, ints, floats,
+bools, None) are laid out by the engine (``_ext/py_shared_list.cc``) and read back without
+pickle, at about the cost of building the dict; anything else in an item is pickled in its place
+(an object of your own class, an int past 64 bits). Each item comes back as its own copy: two
+references to one list inside an item come back as two lists.
 
 A SharedList is immutable once built: read it from any thread and any process.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import mmap
 import os
 import pickle
+import struct
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from multiprocessing import reduction
 
-import numpy as np
+from . import _stoker
 
-_HEADER = 16  # int64 count, int64 data offset
+# magic, count, offsets' place, data's place, schemas' place, schemas' length
+_HEADER = struct.Struct("<8s5q")
+_MAGIC = b"STKSHL02"
 
 
-class SharedList(Sequence):
+def _dumps(obj) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class SharedList(_stoker.SharedItems):
+    _fd: int | None  # the memfd (None: a buffer of another system's, Ray's object store)
+
     def __init__(self, items: Iterable = ()):
-        blobs = [pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL) for x in items]
-        n = len(blobs)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        if n:
-            np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        data_offset = _HEADER + offsets.nbytes
-        size = max(1, data_offset + int(offsets[-1]))
+        schemas: list = []
+        data, offsets = _stoker.encode_items(items, schemas, {}, _dumps)
+        schema_blob = _dumps(schemas)
+        n = len(offsets) // 8 - 1
+        offsets_at = _HEADER.size
+        data_at = offsets_at + len(offsets)
+        schema_at = data_at + len(data)
+        size = schema_at + len(schema_blob)
         fd = os.memfd_create("stoker-sharedlist", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
             with mmap.mmap(fd, size) as m:
-                m[:_HEADER] = np.array([n, data_offset], dtype=np.int64).tobytes()
-                m[_HEADER:data_offset] = offsets.tobytes()
-                m[data_offset:size] = b"".join(blobs)
+                m[:offsets_at] = _HEADER.pack(_MAGIC, n, offsets_at, data_at, schema_at,
+                                              len(schema_blob))
+                m[offsets_at:data_at] = offsets
+                m[data_at:schema_at] = data
+                m[schema_at:size] = schema_blob
             import fcntl
 
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
@@ -51,7 +70,7 @@ class SharedList(Sequence):
         except BaseException:
             os.close(fd)
             raise
-        del blobs
+        del data, offsets
         _release_free_memory()
         self._attach(fd)
 
@@ -64,24 +83,33 @@ class SharedList(Sequence):
     def _view(self, buffer) -> None:
         """Reads the items from `buffer` (a mapping, or another system's shared buffer)."""
         self._map = buffer
-        n, data_offset = np.frombuffer(self._map, dtype=np.int64, count=2)
-        self._n = int(n)
-        self._offsets = np.frombuffer(self._map, dtype=np.int64, count=self._n + 1,
-                                      offset=_HEADER)
-        self._data = memoryview(self._map)[int(data_offset):]
+        magic, n, offsets_at, data_at, schema_at, schema_len = _HEADER.unpack_from(buffer, 0)
+        if magic != _MAGIC:
+            raise ValueError("stoker: this buffer holds no SharedList of this version")
+        schemas = pickle.loads(memoryview(buffer)[schema_at:schema_at + schema_len])
+        self._data_bytes = schema_at - data_at
+        _stoker.SharedItems.__init__(self, buffer, n, offsets_at, data_at, schemas,
+                                     pickle.loads)
 
-    def __len__(self) -> int:
-        return self._n
+    def index(self, value, start: int = 0, stop: int | None = None) -> int:
+        for i in range(*slice(start, stop).indices(len(self))):
+            if self[i] == value:
+                return i
+        raise ValueError(f"{value!r} is not in the SharedList")
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError("SharedList index out of range")
-        start, end = int(self._offsets[i]), int(self._offsets[i + 1])
-        return pickle.loads(self._data[start:end])
+    def count(self, value) -> int:
+        return sum(1 for x in self if x == value)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __reversed__(self):
+        for i in range(len(self) - 1, -1, -1):
+            yield self[i]
+
+    def __contains__(self, value) -> bool:
+        return any(x == value for x in self)
 
     def __reduce_ex__(self, protocol):
         from multiprocessing import context
@@ -96,15 +124,18 @@ class SharedList(Sequence):
         return (_from_buffer, (bytes(self._map),))
 
     def __repr__(self) -> str:
-        return f"SharedList({self._n} items, {len(self._data)} bytes)"
+        return f"SharedList({len(self)} items, {self._data_bytes} bytes)"
 
     @property
     def nbytes(self) -> int:
         return self._map.nbytes if isinstance(self._map, memoryview) else len(self._map)
 
 
+collections.abc.Sequence.register(SharedList)
+
+
 def _release_free_memory() -> None:
-    """Hands the temporary pickles' memory back to the kernel (glibc keeps freed heap pages
+    """Hands the temporary buffers' memory back to the kernel (glibc keeps freed heap pages
     resident otherwise, and forked workers would each see them as part of the parent)."""
     try:
         import ctypes

@@ -238,3 +238,17 @@ class Supervisor:
 
 def channel_pair() -> tuple:
     """A connected SOCK_SEQPACKET pair (close-on-exec)."""
+
+def encode_items(items: object, schemas: list, schema_ids: dict, dumps: object) -> tuple:
+    """
+    (data, int64 offsets) of items laid out for SharedItems; schemas grow with the dicts' key tuples.
+    """
+
+class SharedItems:
+    """Items laid out by encode_items in a buffer, read as fresh objects."""
+
+    def __init__(self, buffer: object, count: int, offsets_at: int, data_at: int, schemas: list, loads: object) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, key: object) -> object: ...

@@ -58,8 +58,10 @@ def main():
                 out["pool"] = dl.stats().get("pool")
                 if out["pool"]:
                     out["pool_uid"] = os.stat(f"/proc/{out['pool']['pid']}").st_uid
-                    with open(f"/proc/{out['pool']['pid']}/maps") as f:
-                        out["pool_has_torch"] = "libtorch" in f.read()
+                    with open(f"/proc/{out['pool']['pid']}/smaps_rollup") as f:
+                        private = [int(line.split()[1]) for line in f
+                                   if line.startswith(("Private_Clean:", "Private_Dirty:"))]
+                    out["pool_own_kb"] = sum(private)  # what it holds that it shares with none
             if scenario == "tp":
                 dist.barrier()
             if scenario == "tp_apart" and rank == 1:

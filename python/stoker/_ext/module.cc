@@ -9,6 +9,7 @@ void register_worker(nb::module_& m);
 void register_supervisor(nb::module_& m);
 void register_wire(nb::module_& m);
 void register_constants(nb::module_& m);
+void register_shared_list(nb::module_& m);
 
 [[noreturn]] void Raise(const Status& st) {
   nb::object errors = nb::module_::import_("stoker._errors");
@@ -125,6 +126,7 @@ NB_MODULE(_stoker, m) {
   register_wire(m);
   register_worker(m);
   register_supervisor(m);
+  register_shared_list(m);
 }
 
 }  // namespace stoker::py

@@ -45,8 +45,10 @@ def collate_into(samples, buffers: dict, path=()):
     return list(samples)
 
 
-def measure(workload_name: str) -> dict:
-    """Seconds per batch of the worker's share and of the main process's; the bound."""
+def measure(workload_name: str, who: str = "torch") -> dict:
+    """Seconds per batch of the worker's share and of the main process's; the bound. `who`: the
+    loader whose form of the dataset does the work (most workloads have one form; `metadata`
+    holds a list of dicts for torch, a ``stoker.SharedList`` for stoker)."""
     import torch
 
     from .. import _system
@@ -55,7 +57,7 @@ def measure(workload_name: str) -> dict:
 
     torch.set_num_threads(1)
     wl = WORKLOADS[workload_name]
-    ds = wl.make("torch")
+    ds = wl.make(who)
     g = torch.Generator().manual_seed(0)
     order = torch.randperm(len(ds), generator=g).tolist()
     bs = wl.batch_size
@@ -78,6 +80,6 @@ def measure(workload_name: str) -> dict:
     worker_s, main_s = worker_s / (n - WARM), main_s / (n - WARM)
     cores = _system.usable_cpus()
     per_s = min(cores / (worker_s + main_s), 1.0 / main_s if main_s > 0 else float("inf"))
-    return {"workload": workload_name, "worker_ms_per_batch": 1e3 * worker_s,
+    return {"workload": workload_name, "form": who, "worker_ms_per_batch": 1e3 * worker_s,
             "main_ms_per_batch": 1e3 * main_s, "cores": cores,
             "bound_samples_per_s": per_s * bs}

@@ -205,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, metavar="R",
                     help="only the multi-rank scenarios: R ranks of one job on this machine, "
                          "each its own loader (num_workers=\"auto\"; a skewed lock-step epoch)")
+    ap.add_argument("--rank-workers", default="auto", metavar="N",
+                    help="with --ranks: each rank's num_workers in the first scenario (an int, "
+                         "or auto); the node's pool keeps its own bound (auto)")
     args = ap.parse_args(argv)
     if args.ranks is not None:
         if args.ranks < 1:
@@ -214,7 +217,9 @@ def main(argv=None) -> int:
         from . import ranks
 
         placements = ("local", "node") if args.placement == "node" else ("local",)
-        result = ranks.main(args.ranks, rounds=args.rounds, placements=placements)
+        per_rank = args.rank_workers if args.rank_workers == "auto" else int(args.rank_workers)
+        result = ranks.main(args.ranks, rounds=args.rounds, placements=placements,
+                            rank_workers=per_rank)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

@@ -202,16 +202,24 @@ def in_fresh_interpreter(module: str, func: str, args: tuple, timeout: float = 3
 
 
 def bound(workload: str, timeout: float = 300) -> dict:
-    """The workload's bound (``bound.py``), in a fresh interpreter like every run."""
-    try:
-        res, stderr = in_fresh_interpreter("bound", "measure", (workload,), timeout)
-    except subprocess.TimeoutExpired:
-        res, stderr = None, f"timed out after {timeout} s"
-    if res is None:
-        return {"loader": "bound", "workload": workload,
-                "error": (stderr.strip().splitlines() or ["no output"])[-1]}
-    res["loader"] = "bound"
-    return res
+    """The workload's bound (``bound.py``), in a fresh interpreter like every run: for a workload
+    whose dataset takes another form for stoker (``Workload.forms``), the quickest form's."""
+    from .workloads import WORKLOADS
+
+    best = None
+    for who in WORKLOADS[workload].forms:
+        try:
+            res, stderr = in_fresh_interpreter("bound", "measure", (workload, who), timeout)
+        except subprocess.TimeoutExpired:
+            res, stderr = None, f"timed out after {timeout} s"
+        if res is None:
+            return {"loader": "bound", "workload": workload,
+                    "error": (stderr.strip().splitlines() or ["no output"])[-1]}
+        if best is None or res["bound_samples_per_s"] > best["bound_samples_per_s"]:
+            best = res
+    assert best is not None
+    best["loader"] = "bound"
+    return best
 
 
 def run(who: str, workload: str, workers: int, timeout: float = 300,

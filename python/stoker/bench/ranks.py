@@ -7,9 +7,9 @@ Two scenarios, each run ``rounds`` times (the median counts):
 - **auto**: every rank's loader has ``num_workers="auto"`` over its ``DistributedSampler`` share
   of a CPU-bound dataset (``Busy``: a fixed amount of arithmetic a sample). Reported: the worker
   processes the ranks started between them (against the usable CPUs), their total PSS (ranks
-  and workers, read after the first epoch's last batch), and the slowest rank's first batch of
-  the first epoch (workers, and the pool, start) and of the second (``2nd epoch``: a new
-  iterator, its workers started again; the pool already runs).
+  and workers, read in the middle of the first epoch, every worker alive), and the slowest
+  rank's first batch of the first epoch (workers, and the pool, start) and of the second
+  (``2nd epoch``: a new iterator, its workers started again; the pool already runs).
 - **skewed lock-step**: ranks step together (a gloo barrier after every batch, as synchronous
   training does) and the samples of rank 0's share cost three times the others' (by index:
   ``DistributedSampler`` without shuffling gives rank r the indices ``i % R == r``); the same
@@ -87,6 +87,7 @@ def rank_main(scenario: str, num_workers, placement: str = "local",
                            placement=where)
     pids: set = set()
     pool = None
+    pss = 0
     firsts, epochs = [], []
     for epoch in range(2):  # the first pays for starting (workers; the pool), the second not
         sampler.set_epoch(epoch)
@@ -95,19 +96,20 @@ def rank_main(scenario: str, num_workers, placement: str = "local",
         it = iter(dl)
         next(it)
         firsts.append(time.perf_counter() - t0)
-        for _ in it:
+        for step, _ in enumerate(it, 1):
             st = dl.stats()
             pool = st.get("pool") or pool
             if epoch == 0:  # (a new epoch's iterator starts local workers anew)
                 pids.update(pool["pids"] if pool else (w["pid"] for w in st["workers"]
                                                        if w["pid"]))
+            if epoch == 0 and step == len(dl) // 2:
+                # mid-epoch, every worker alive (a local loader's end with its epoch)
+                pss = total_pss(psutil.Process())  # this rank and its workers
+                if pool and rank == 0:  # the pool and its workers, once
+                    pss += total_pss(psutil.Process(pool["pid"]))
             if skewed:
                 dist.barrier()
         epochs.append(time.perf_counter() - t0)
-        if epoch == 0:
-            pss = total_pss(psutil.Process())  # this rank and its workers
-            if pool and rank == 0:
-                pss += total_pss(psutil.Process(pool["pid"]))  # the pool and its workers, once
         del it
     dist.destroy_process_group()
     return {"rank": rank, "num_workers": dl.num_workers, "started": len(pids),
@@ -203,19 +205,21 @@ def _started(reps: list[dict]) -> int:
     return sum(r["started"] for r in reps)
 
 
-def main(ranks: int = 4, rounds: int = 3, out=sys.stdout, placements=("local",)) -> dict:
+def main(ranks: int = 4, rounds: int = 3, out=sys.stdout, placements=("local",),
+         rank_workers="auto") -> dict:
     from .._system import usable_cpus
 
     cpus = usable_cpus()
     result: dict = {"ranks": ranks, "usable_cpus": cpus, "auto": {}, "skewed": {}}
     print(f"{ranks} ranks of one job on this machine ({cpus} usable CPUs), each its own "
           f"loader; {rounds} rounds, the median", file=out)
-    print(f"auto: num_workers=\"auto\" on every rank, {SAMPLES // 2} samples a rank",
-          file=out)
+    print(f"auto: num_workers={rank_workers!r} on every rank, {SAMPLES // 2} samples a rank"
+          " (the node's pool sizes itself: auto)", file=out)
     print(f"{'placement':>10} {'workers':>8} {'of CPUs':>8} {'total PSS':>10} "
           f"{'1st batch':>10} {'2nd epoch':>10}", file=out)
     for placement in placements:
-        runs = [run_ranks(ranks, "auto", "auto", placement=placement) for _ in range(rounds)]
+        runs = [run_ranks(ranks, "auto", rank_workers, placement=placement)
+                for _ in range(rounds)]
         reps = _median_run(runs, _started)
         started = _started(reps)
         pss = sum(r["pss_bytes"] for r in reps)

@@ -131,6 +131,9 @@ class Workload:
     collate_fn: Callable | None = None
     workers: int | None = None  # fixed worker count (metadata)
     measure_memory: bool = False
+    # the forms its dataset takes (make's argument): a bound is measured for each, the quickest
+    # counts (metadata: a list of dicts for torch and the peers, a SharedList for stoker)
+    forms: tuple = ("torch",)
 
 
 WORKLOADS = {
@@ -143,6 +146,6 @@ WORKLOADS = {
     # work done before it opened, at 5-38x the work's own bound.
     "metadata": Workload(
         "metadata", lambda who: Metadata(512, shared=(who == "stoker")), 8, 512,
-        workers=4, measure_memory=True,
+        workers=4, measure_memory=True, forms=("torch", "stoker"),
     ),
 }

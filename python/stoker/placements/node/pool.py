@@ -44,7 +44,7 @@ import threading
 import time
 
 from ... import _system
-from . import template, wire
+from . import forked, template, wire
 from .budget import Budget
 from .group import Group
 
@@ -335,36 +335,62 @@ def _pool_size(workers, ranks: int) -> int:
     return max(1, _system.usable_cpus() - max(1, int(ranks or 1)))
 
 
+def _serving(job: str, listener: socket.socket, forker: template.Forker) -> None:
+    """Serves the job from this process, detached (see ``_detach``)."""
+    try:  # the starting rank may be bound to its own cores; the pool serves the node's
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    Pool(job, listener, forker).serve()
+
+
+def serve_forked(job: str, listener: socket.socket) -> None:
+    """The pool in a fork of a rank (rendezvous.py), the job's name bound already: it lets go
+    of the rank (forked.py), forks its template before it starts any thread, and serves. Never
+    returns (the rank's code, its exit handlers, must not run here)."""
+    code = 1
+    try:
+        os.setsid()  # (nobody's child: the rank's intermediate process has exited)
+        forked.become("stoker-pool", {listener.fileno()})
+        pid, link = template.fork_template()
+        _serving(job, listener, template.for_pool(link, pid))
+        code = 0
+    except BaseException:
+        import traceback
+
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        os._exit(code)
+
+
 def _detach() -> None:
     """Forks; the first process exits (its parent, a rank, reaps it at once), the second goes
     on in its own session with nothing of the terminal."""
     if os.fork() > 0:
         os._exit(0)
     os.setsid()
-    try:  # the starting rank may be bound to its own cores; the pool serves the node's
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
-    except OSError:
-        pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is for the ranks; they leave, it ends
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def main(argv: list[str]) -> int:
-    """``JOB [TEMPLATE_FD]``: the job's name, and the link to the template of the rank that
-    started this pool (template.py), when it made one."""
+    """``JOB``: the pool as a fresh interpreter (where a rank could not be forked into one:
+    rendezvous.py); its workers come from a fork server."""
     job = argv[0]
-    link_fd = int(argv[1]) if len(argv) > 1 else None
     # Set by rendezvous so that this process skips torch; its workers import stoker as any does.
     os.environ.pop("STOKER_NODE_POOL", None)
     listener = wire.new_socket()
     try:
         listener.bind(wire.address(job))
     except OSError:  # another pool of this job holds the name: the ranks use that one
-        return 0  # (the template, if any, sees its link end and exits)
+        return 0
     listener.listen(64)
     _detach()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    Pool(job, listener, template.for_pool(link_fd)).serve()
+    _serving(job, listener, template.for_pool(None))
     return 0
 
 

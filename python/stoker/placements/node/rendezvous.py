@@ -1,11 +1,13 @@
 """Finding the node's pool: which job this process belongs to, and a connection to the pool of
 that job and user, started here when there is none yet.
 
-The first rank that needs the pool starts it (``python -m stoker.placements.node.pool``, which
-detaches at once: it is nobody's child and outlives no one, docs/design/node.md), with a
-template of itself for the pool's workers to be forked from (template.py: not when this rank
-has CUDA initialised or other Python threads running); every rank then connects. Two ranks starting it at once is harmless: the name is bound by one pool only
-(the other sees ``EADDRINUSE`` and leaves), and both ranks connect to the one that bound it.
+The first rank that needs the pool starts it: where this rank can be forked (no CUDA initialised,
+no other Python thread), as a fork of itself, which binds the job's name here first and forks
+the template the pool's workers come from (template.py); else as a fresh interpreter (``python
+-m stoker.placements.node.pool``). Either detaches at once: it is nobody's child and outlives no
+one (docs/design/node.md). Every rank then connects. Two ranks starting it at once is harmless:
+the name is bound by one pool only (the other sees ``EADDRINUSE`` and leaves), and both ranks
+connect to the one that bound it.
 
 Runs on the thread that starts an iterator's workers.
 """
@@ -13,7 +15,6 @@ Runs on the thread that starts an iterator's workers.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -43,37 +44,51 @@ def job_name(spec) -> str:
 
 
 def _start_pool(job: str) -> int:
+    """Starts the pool of `job`: a fork of this rank where it can be forked (its template and
+    workers then start in milliseconds from pages this rank already has: template.py), else a
+    fresh interpreter. Returns 0 once the name is bound (here, or found held), a negative number
+    when the process that was to bind it was killed first, a positive one when it failed."""
+    if template.can_fork() and not _other_threads():
+        return _fork_pool(job)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     env["STOKER_NODE_POOL"] = "1"  # stoker's import leaves torch out of the pool (__init__.py)
-    # The pool's workers are forked from a template of this rank (template.py), made before the
-    # pool and handed to it: its end of their link passes as an inherited descriptor.
-    pool_end = None
-    if template.can_fork() and not _other_threads():
-        pool_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            template.fork_template(template_end.fileno())
-        finally:
-            template_end.close()
-    args = [sys.executable, "-m", "stoker.placements.node.pool", job]
-    if pool_end is not None:
-        args.append(str(pool_end.fileno()))
     # It detaches (forks and its first process exits): waiting here reaps that first process.
     # Its stdout and stderr are this rank's: what a dataset prints in a pool worker shows there.
-    # Its status: 0 once it has bound the name and detached (or found it held); negative: killed
-    # by that signal before; positive: it failed (an import error, say).
     try:
-        return subprocess.run(args, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                              pass_fds=() if pool_end is None else (pool_end.fileno(),),
+        return subprocess.run([sys.executable, "-m", "stoker.placements.node.pool", job],
+                              env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                               check=False, timeout=CONNECT_TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
         return -1
+
+
+def _fork_pool(job: str) -> int:
+    """Binds the job's name here, then forks the pool with it (through an intermediate process
+    that exits at once, so the pool is nobody's child); this rank keeps no copy of it."""
+    from . import pool
+
+    listener = wire.new_socket()
+    try:
+        listener.bind(wire.address(job))
+    except OSError:  # another pool of this job holds the name: connect to it
+        listener.close()
+        return 0
+    try:
+        listener.listen(64)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if os.fork() == 0:
+                    pool.serve_forked(job, listener)  # (never returns)
+            finally:
+                os._exit(0)
     finally:
-        if pool_end is not None:
-            pool_end.close()  # (the pool has its copy; a pool that left closes it: so does
-            #                   the template, on its link's end)
+        listener.close()
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def connect(job: str):

@@ -1,37 +1,36 @@
-"""Where the pool's workers are forked from: a warm template, a fork of the rank that started
-the pool, or else a fresh fork server.
+"""Where the pool's workers are forked from: a warm template, or else a fresh fork server.
 
 A pool worker must start as fast as a rank's own forked worker and cost as little memory: it
 needs torch and the engine imported, which takes a fresh interpreter seconds and over a hundred
-MB of private memory. So the rank that starts the pool (rendezvous.py) also forks a *template*
-of itself (``fork_template``): a detached, single-threaded copy, torch already imported, whose
-pages it shares with that rank (copy-on-write); the template forks one worker per request of the
-pool, in milliseconds, and every worker shares the same pages. The template holds nothing of
-the rank but its memory: it closes every descriptor but its link to the pool and the standard
-streams (a rank's sockets to its peers must not outlive the rank), freezes the garbage
-collector (the rank's objects are never collected there, so none closes a descriptor number the
-template reuses), and runs no code of the rank's. It ends when the pool's link ends.
+MB of private memory. The pool is a fork of the rank that started it (rendezvous.py), and before
+it starts any thread it forks its *template* (``fork_template``): a single-threaded copy, torch
+already imported, whose pages it shares with that rank and the pool (copy-on-write). The
+template forks one worker per request of the pool, in milliseconds, and every worker shares the
+same pages. Like the pool, it holds nothing of the rank but memory (forked.py), and it runs no
+code of the rank's; it reaps its workers and tells the pool each one's exit status, and ends
+when the pool's link does.
 
-The template is not made (``can_fork``) when the rank has CUDA initialised, as local workers then
-use forkserver (a forked CUDA context cannot be used): the pool then starts its workers from a
-fresh fork server, as it does when the template dies (killed from outside) or was never given.
+Where the rank could not be forked (CUDA initialised there: a forked CUDA context cannot be
+used; other Python threads: a lock one holds would stay held), the pool is a fresh interpreter
+and its workers come from a fresh fork server, as they also do when the template dies (killed
+from outside).
 
-Memory the rank frees after the template was forked stays held by the template (as by a
-persistent forked worker), for the pool's life: the first iteration of a loader with
-``placement=stoker.Node()`` is when it is forked, usually after the model went to the GPU.
+Memory the rank frees or rewrites after the fork stays held by the pool and its template, shared
+between them (as by a persistent forked worker), for the job's life: the first iteration of a
+loader with ``placement=stoker.Node()`` is when it is forked, usually after the model went to
+the GPU.
 
 The pool side: ``Link`` talks to the template (one request at a time, a reader thread for its
-answers: a fork's pid, a child's exit status), ``Forker`` is what groups start workers with (a
-multiprocessing context: the template's while it lives, else the fork server's).
+answers: a fork's pid and a pidfd of it, a child's exit status), ``Forker`` is what groups start
+workers with (a multiprocessing context: the template's while it lives, else the fork server's).
 
-Thread contract: ``fork_template`` runs in a rank, on the thread that starts the pool. ``Link``
-and ``Forker`` may be used from any thread of the pool; a fork request holds the link's lock
-for the few milliseconds of a fork.
+Thread contract: ``fork_template`` runs in the pool before it starts any thread. ``Link`` and
+``Forker`` may be used from any thread of the pool; a fork request holds the link's lock for the
+few milliseconds of a fork.
 """
 
 from __future__ import annotations
 
-import gc
 import io
 import itertools
 import logging
@@ -45,7 +44,7 @@ import threading
 from multiprocessing import context, process, reduction
 
 from ... import _system  # noqa: F401 (imported before forking: the workers need it anyway)
-from . import wire
+from . import forked, wire
 
 log = logging.getLogger("stoker")
 
@@ -63,19 +62,18 @@ def can_fork() -> bool:
         return False
 
 
-def fork_template(link_fd: int) -> None:
-    """Forks a detached template of this process serving the pool over `link_fd` (a
-    SOCK_SEQPACKET end); returns at once in this process (the intermediate child is reaped
-    here). The template says hello on the link with its pid and its ``__main__``."""
+def fork_template() -> tuple[int, int]:
+    """Forks the template of this process (the pool, itself a fork of a rank, before it starts
+    any thread): (its pid, the pool's end of their link). The template says hello on the link
+    with its pid and its ``__main__``; it ends when the link does."""
+    pool_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid:
-        os.waitpid(pid, 0)
-        return
-    try:  # the intermediate child: a new session, and the template is nobody's child
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        _template(link_fd)
+        template_end.close()
+        return pid, pool_end.detach()
+    try:
+        pool_end.close()
+        _template(template_end.detach())
     except BaseException:
         import traceback
 
@@ -91,26 +89,10 @@ _fds: list[int] = []  # in a worker the template forked: the descriptors its req
 
 
 def _template(link_fd: int) -> None:
-    gc.freeze()
-    gc.disable()
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    keep = {0, 1, 2, link_fd}
-    _let_go_of_descriptors(keep)
-    from ...engine import fdpass
-
-    fdpass.forget_all()  # (their numbers are free now: a worker must not close them again)
-    # The rank's sys.stdin/stdout/stderr may be on descriptors just closed (pytest's capture, a
-    # logging tee), whose numbers a worker's descriptors may take (multiprocessing closes
-    # sys.stdin as a child starts): the template's, and its workers', are the standard ones.
-    sys.stdin = open(0, closefd=False)
-    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=True)
-    sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), write_through=True)
-    for name in ("stdin", "stdout", "stderr"):  # (faulthandler and others use these)
-        setattr(sys, f"__{name}__", getattr(sys, name))
+    forked.become("stoker-template", {link_fd})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (the pool's link says when it ends)
     link = socket.socket(fileno=link_fd)
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    keep |= {r, w}
     signal.set_wakeup_fd(w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     main = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -137,7 +119,6 @@ def _template(link_fd: int) -> None:
             (rid, payload), fds = got
             child = os.fork()
             if child == 0:
-                gc.enable()  # (the rank's objects stay frozen: never collected here either)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for sig in (signal.SIGHUP, signal.SIGTERM):
@@ -188,26 +169,6 @@ def _bootstrap(payload: bytes) -> int:
         return 1
 
 
-def _let_go_of_descriptors(keep: set) -> None:
-    """Every descriptor of the rank but `keep` is made /dev/null: what it held (a socket to a
-    peer rank, a file) is let go of here, and its number stays taken, so that an object of the
-    rank that closes "its" descriptor later (a file object multiprocessing closes as a child
-    starts, a finalizer) closes a /dev/null, never a descriptor the template or a worker got
-    since with the same number."""
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        held = [int(n) for n in os.listdir("/proc/self/fd")]
-    except OSError:
-        held = list(range(3, 1024))
-    for fd in held:
-        if fd in keep or fd == null:
-            continue
-        try:
-            os.dup2(null, fd, inheritable=False)
-        except OSError:  # (the listing's own descriptor, closed already)
-            pass
-
-
 class _InheritedFd:
     """A descriptor a worker's Process pickle refers to, by its place among those its request
     passed (``multiprocessing.reduction.DupFd`` under the template)."""
@@ -226,8 +187,9 @@ class Link:
     """The pool's end of its template's link: ``fork`` asks for a worker, ``status`` waits for
     one's exit status. Dead when the template ended (killed from outside)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, child: int | None = None):
         self._sock = sock
+        self._child = child  # the template, when it is this process's child: reaped at its end
         self._lock = threading.Lock()  # one request at a time
         self._cond = threading.Condition()
         self._answers: dict[int, tuple] = {}  # request -> (pid, its pidfd)
@@ -254,6 +216,7 @@ class Link:
                 if got is None:
                     self.alive = False
                     self._cond.notify_all()
+                    self._reap()
                     return
                 message, fds = got
                 if message[0] == "forked" and fds:
@@ -262,6 +225,13 @@ class Link:
                 elif message[0] == "exited":
                     self._exits[message[1]] = message[2]
                 self._cond.notify_all()
+
+    def _reap(self) -> None:
+        if self._child is not None:
+            try:
+                os.waitpid(self._child, 0)
+            except ChildProcessError:
+                pass
 
     def fork(self, payload: bytes, fds: list[int]) -> tuple[int, int]:
         """A new worker running the pickled Process `payload`, with `fds`: its pid and a pidfd
@@ -422,15 +392,13 @@ class Forker:
             self.link.close()
 
 
-def for_pool(link_fd: int | None) -> Forker:
-    """The pool's Forker: over the template at `link_fd` (given by the rank that started the
-    pool), when it says hello; else the fork server alone."""
+def for_pool(link_fd: int | None, template_pid: int | None = None) -> Forker:
+    """The pool's Forker: over the template at `link_fd` (its child `template_pid`, reaped when
+    their link ends), when it says hello; else the fork server alone."""
     link = None
     if link_fd is not None:
         try:
-            link = Link(socket.socket(fileno=link_fd))
+            link = Link(socket.socket(fileno=link_fd), template_pid)
         except OSError:
             link = None
     return Forker(link)
-
-
