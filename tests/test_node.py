@@ -148,6 +148,17 @@ def test_pool_process_killed_mid_epoch(tmp_path, local_reference):
     assert any("node's worker pool" in (c or "") for c in reps[0]["deaths"]), reps[0]["deaths"]
 
 
+def test_template_killed_then_a_worker_the_pool_forks_on_from_a_fork_server(
+        tmp_path, local_reference):
+    reps, _ = run_ranks(tmp_path, "kill_template")
+    assert reps[0].get("template_killed"), reps[0]
+    for mine, ref in zip(reps, local_reference):
+        assert mine["epochs"] == ref["epochs"]
+    assert any(reps[r]["deaths"] for r in range(2)), reps
+    _exactly_once(reps)
+    assert _gone([reps[0]["pool"]["pid"]]) == []
+
+
 def test_rank_killed_mid_epoch_the_other_finishes(tmp_path, local_reference):
     procs, rep = start_ranks(tmp_path, "kill_self")
     (rc0, err0), (rc1, _) = finish(procs)

@@ -74,6 +74,18 @@ def main():
                     os.kill(out["pool"]["pids"][0], signal.SIGKILL)
                 elif scenario == "kill_pool" and rank == 0:
                     os.kill(out["pool"]["pid"], signal.SIGKILL)
+                elif scenario == "kill_template" and rank == 0:
+                    # the pool's template first (its workers go on), then a worker: its
+                    # replacement comes from a fork server
+                    with open(f"/proc/{out['pool']['pid']}/task/{out['pool']['pid']}/children") as f:
+                        kids = [int(p) for p in f.read().split()]
+                    for kid in kids:
+                        with open(f"/proc/{kid}/comm") as f:
+                            if f.read().strip() == "stoker-template":
+                                os.kill(kid, signal.SIGKILL)
+                                out["template_killed"] = kid
+                    time.sleep(0.2)
+                    os.kill(dl.stats()["pool"]["pids"][0], signal.SIGKILL)
                 elif scenario == "kill_self" and rank == 1:
                     os.kill(os.getpid(), signal.SIGKILL)
                 elif scenario == "hold":

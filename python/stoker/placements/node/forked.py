@@ -11,6 +11,9 @@ must let go of, so that it holds nothing of the rank but memory it shares with i
 - the collector is frozen: the rank's objects are never collected here, so none of them runs a
   finalizer; objects made from here on are collected as usual;
 - Ctrl+C and a hang-up are for the ranks, ignored here; a SIGTERM ends it;
+- multiprocessing's own servers are the rank's no more: a fork server or resource tracker the
+  rank started is not this process's child, and their descriptors are /dev/null here, so the
+  module-level ones are made anew (this process starts its own when it needs one);
 - its name (``/proc/self/comm``, what ``ps -o comm`` and ``top`` show) says what it is.
 
 It never returns to the rank's code: its owner ends it with ``os._exit``.
@@ -41,11 +44,31 @@ def become(name: str, keep: set) -> None:
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), write_through=True)
     for stream in ("stdin", "stdout", "stderr"):  # (faulthandler and others use these)
         setattr(sys, f"__{stream}__", getattr(sys, stream))
+    _fresh_multiprocessing()
     try:
         with open("/proc/self/comm", "w") as f:
             f.write(name[:15])
     except OSError:
         pass
+
+
+def _fresh_multiprocessing() -> None:
+    """multiprocessing's fork server and resource tracker, and the children it knows of, as in
+    a process that never started any (the module-level functions are bound to the instances)."""
+    from multiprocessing import forkserver, process, resource_tracker
+
+    server = forkserver.ForkServer()
+    forkserver._forkserver = server  # type: ignore[attr-defined]
+    for name in ("ensure_running", "get_inherited_fds", "connect_to_new_process",
+                 "set_forkserver_preload"):
+        if hasattr(forkserver, name):
+            setattr(forkserver, name, getattr(server, name))
+    tracker = resource_tracker.ResourceTracker()
+    resource_tracker._resource_tracker = tracker  # type: ignore[attr-defined]
+    for name in ("ensure_running", "register", "unregister", "getfd"):
+        if hasattr(resource_tracker, name):
+            setattr(resource_tracker, name, getattr(tracker, name))
+    process._children.clear()  # type: ignore[attr-defined]  # (the rank's, not ours)
 
 
 def _let_go_of_descriptors(keep: set) -> None:
