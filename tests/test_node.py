@@ -217,6 +217,29 @@ def test_a_pair_out_of_step_still_loads_each_sample_once(tmp_path):
     assert sorted(loaded) == sorted(list(range(N)) * 2), len(loaded)
 
 
+def test_a_pair_whose_datasets_hold_a_shared_list_each_is_one_group(tmp_path):
+    """Each rank builds its own SharedList (another memfd, the same items): the pool tells them
+    by their contents, so the pair shares one group and loads each sample once."""
+    calls = tmp_path / "calls"
+    reps, _ = run_ranks(tmp_path, "tp_shared", extra={"CALLS": str(calls)})
+    assert reps[0]["epochs"] == reps[1]["epochs"]
+    assert reps[0]["pool_now"]["pids"] == reps[1]["pool_now"]["pids"], reps
+    loaded = [int(x) for x in calls.read_text().split()]
+    assert sorted(loaded) == sorted(list(range(N)) * 2), len(loaded)
+
+
+def test_what_each_ranks_dataset_prints_shows_on_that_rank(tmp_path):
+    procs, rep = start_ranks(tmp_path, "prints")
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out)
+    for rank, out in enumerate(outs):
+        lines = [x for x in out.splitlines() if x.startswith("PRINT-")]
+        assert lines and set(lines) == {f"PRINT-{rank}"}, (rank, sorted(set(lines)))
+
+
 def test_two_datasets_share_the_nodes_workers_never_more_than_n_at_once(tmp_path):
     """Node(workers=2) bounds the node: two ranks whose datasets differ (a group each) never
     load more than 2 samples at once between them, counted across every process; and each
@@ -230,6 +253,22 @@ def test_two_datasets_share_the_nodes_workers_never_more_than_n_at_once(tmp_path
         assert pool["pid"] not in pool["pids"] and pool["pids"], pool
         assert set(r["worker_pids"]) <= set(pool["pids"]), (r["worker_pids"], pool)
     assert set(reps[0]["pool_now"]["pids"]).isdisjoint(reps[1]["pool_now"]["pids"])
+
+
+@pytest.mark.parametrize("case", ["helper_exits", "many_fds", "sigchld_ignored"])
+def test_a_rank_that_forks_helpers_holds_many_descriptors_or_ignores_sigchld(case):
+    """A helper forked from the rank exits normally (its exit hook runs) and ends nothing of the
+    rank's; a rank holding 1,100 descriptors starts a pool that keeps their numbers; a rank that
+    ignores SIGCHLD starts one too. Each rank's two epochs get every sample."""
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH, STOKER_NODE_LINGER_S="1")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "node", "edges.py"), case,
+                        f"{case}-{os.getpid()}"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["epochs"] == [list(range(48))] * 2, out
+    if case == "helper_exits":
+        assert out["helper"] == 0, out
 
 
 def _as_nobody(fn) -> str:

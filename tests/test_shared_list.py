@@ -97,6 +97,18 @@ def test_a_corrupt_buffer_raises_instead_of_reading_past_it():
         list(stoker._shared_list._from_buffer(bytes(raw)))
 
 
+@pytest.mark.parametrize("offsets_at, count", [(2**63 - 8, 0), (48, 2**61), (-5, 1)])
+def test_a_header_that_does_not_fit_its_buffer_raises(offsets_at, count):
+    from stoker import _shared_list
+
+    raw = bytearray(stoker.SharedList([{"a": 1}])._map)
+    magic, _, _, data_at, schema_at, schema_len = _shared_list._HEADER.unpack_from(raw, 0)
+    _shared_list._HEADER.pack_into(raw, 0, magic, count, offsets_at, data_at, schema_at,
+                                   schema_len)
+    with pytest.raises(ValueError, match="does not fit"):
+        _shared_list._from_buffer(bytes(raw))
+
+
 def test_it_is_a_sequence_with_slices_and_search():
     from collections.abc import Sequence
 

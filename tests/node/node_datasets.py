@@ -61,3 +61,31 @@ class Counted(Values):
             return super().__getitem__(i)
         finally:
             self._add(-1)
+
+
+class WithList(Values):
+    """`Values` that also holds a ``stoker.SharedList`` (each rank builds its own: the same
+    items, another memfd)."""
+
+    def __init__(self, calls=None):
+        import stoker
+
+        super().__init__(calls=calls)
+        self.meta = stoker.SharedList({"k": k} for k in range(self.n))
+
+    def __getitem__(self, i):
+        out = super().__getitem__(i)
+        out["index"] = self.meta[i]["k"]
+        return out
+
+
+class Prints(Values):
+    """`Values` whose samples print which rank's dataset they come from."""
+
+    def __init__(self, rank):
+        super().__init__(offset=1000 * rank)
+        self.rank = rank
+
+    def __getitem__(self, i):
+        print(f"PRINT-{self.rank}", flush=True)
+        return super().__getitem__(i)

@@ -17,7 +17,7 @@ from torch.utils.data import DistributedSampler
 import stoker
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from node_datasets import Counted, Values  # noqa: E402
+from node_datasets import Counted, Prints, Values, WithList  # noqa: E402
 
 
 def loader(ds, placement, replicas=None, rank=None, **kw):
@@ -40,12 +40,16 @@ def main():
     ds = Values(calls=calls, slow_s=0.02 if scenario.startswith("kill") else 0.0)
     if scenario == "shards":  # each rank's own dataset (another group each), slow samples
         ds = Counted(os.environ["TRACK"], offset=1000 * rank)
+    if scenario == "tp_shared":  # a pair whose dataset holds a SharedList each built
+        ds = WithList(calls=calls)
+    if scenario == "prints":  # each rank's own dataset, printing from the pool's workers
+        ds = Prints(rank)
     if scenario == "tp":  # a tensor-parallel pair: both ranks ask for the same batches
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
         dl, sampler = loader(ds, placement, replicas=1, rank=0)
-    elif scenario == "tp_apart":  # the same pair, not in step: rank 1 dawdles between batches
+    elif scenario in ("tp_apart", "tp_shared"):  # a pair, not in step: rank 1 dawdles
         dl, sampler = loader(ds, placement, replicas=1, rank=0)
     else:
         dl, sampler = loader(ds, placement)
@@ -64,7 +68,7 @@ def main():
                     out["pool_own_kb"] = sum(private)  # what it holds that it shares with none
             if scenario == "tp":
                 dist.barrier()
-            if scenario == "tp_apart" and rank == 1:
+            if scenario in ("tp_apart", "tp_shared") and rank == 1:
                 time.sleep(0.15)
             if step == 1 and epoch == 0:  # who each of this rank's workers is, by pid
                 out["worker_pids"] = [w["pid"] for w in dl.stats()["workers"]]

@@ -188,32 +188,41 @@ class SharedItems {
       : loads_(std::move(loads)) {
     if (PyObject_GetBuffer(buffer.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
     held_ = true;
-    const auto size = static_cast<int64_t>(view_.len);
-    if (count < 0 || offsets_at < 0 || data_at < 0 ||
-        offsets_at + (count + 1) * static_cast<int64_t>(sizeof(int64_t)) > size || data_at > size) {
-      throw nb::value_error("stoker: a SharedList buffer whose header does not fit it");
+    // (in unsigned arithmetic, divided rather than multiplied: a corrupt header cannot wrap)
+    const auto size = static_cast<uint64_t>(view_.len);
+    if (count < 0 || offsets_at < 0 || data_at < 0 || static_cast<uint64_t>(offsets_at) > size ||
+        static_cast<uint64_t>(data_at) > size ||
+        static_cast<uint64_t>(count) >= (size - static_cast<uint64_t>(offsets_at)) / 8) {
+      Fail("stoker: a SharedList buffer whose header does not fit it");
     }
     base_ = static_cast<const uint8_t*>(view_.buf);
     n_ = count;
     offsets_ = base_ + offsets_at;
     data_ = base_ + data_at;
-    data_len_ = size - data_at;
+    data_len_ = static_cast<int64_t>(size) - data_at;
     int64_t prev = 0;
     for (int64_t i = 0; i <= n_; ++i) {  // once: every read then trusts them
       const int64_t o = Offset(i);
       if (o < prev || o > data_len_ || (i == 0 && o != 0)) {
-        throw nb::value_error("stoker: a SharedList buffer whose offsets are corrupt");
+        Fail("stoker: a SharedList buffer whose offsets are corrupt");
       }
       prev = o;
     }
     for (nb::handle s : schemas) {
-      if (!PyTuple_Check(s.ptr())) throw nb::value_error("stoker: a SharedList schema is corrupt");
+      if (!PyTuple_Check(s.ptr())) Fail("stoker: a SharedList schema is corrupt");
       schemas_.push_back(nb::borrow(s));
     }
   }
 
   ~SharedItems() {
     if (held_) PyBuffer_Release(&view_);
+  }
+
+  // A constructor that throws has no destructor run: the buffer is let go of here first.
+  [[noreturn]] void Fail(const char* message) {
+    PyBuffer_Release(&view_);
+    held_ = false;
+    throw nb::value_error(message);
   }
   SharedItems(const SharedItems&) = delete;
   SharedItems& operator=(const SharedItems&) = delete;

@@ -95,6 +95,19 @@ def _share_logs(endpoint) -> None:
     sys.stderr = _TeeStderr(sys.stderr, tee)
 
 
+def _use_stdio(stdio) -> None:
+    """Standard output and error onto `stdio` (two ChannelFd: the rank's a pool worker loads
+    for), flushing what was written before."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for target, passed in zip((1, 2), stdio):
+        os.dup2(passed.fd, target)
+        os.close(passed.fd)
+
+
 _for_another = False  # a worker started for another process than its parent (node pool)
 
 
@@ -113,6 +126,8 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd = channel.fd
+    if config.stdio is not None:  # (before the stderr tee: it writes to fd 2 too)
+        _use_stdio(config.stdio)
     fdpass.close_inherited(keep=fd)
     endpoint = _stoker.WorkerEndpoint(fd, worker_id)
     if config.shared_memory_share:

@@ -75,6 +75,9 @@ class WorkerConfig:
     # sys.path, working directory, main module), for a worker started by another process:
     # the node pool's workers load a rank's dataset, whose classes may live in its script.
     prepare: dict | None = None
+    # The standard output and error of the rank a node pool's worker loads for (two
+    # fdpass.ChannelFd): what its dataset prints shows on that rank, not on the pool's.
+    stdio: tuple | None = None
     # threads_per_worker: a batch's samples loaded at once (engine/inflight.py); "auto" tunes it
     # (a task re-issued after a death comes with protocol.ONE_AT_A_TIME: loaded one by one)
     threads_per_worker: int | str = 1

@@ -238,6 +238,11 @@ class LocalProcesses(Workers):
         fmt, payload = protocol.encode_task(index, one_at_a_time)
         return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
 
+    def send_encoded_task(self, worker_id: int, task: int, fmt: int, payload: bytes) -> bool:
+        """``send_task`` of an index already encoded (``protocol.encode_task``): the node pool
+        passes a rank's on without reading it (it may name classes only the rank has)."""
+        return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
+
     def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:
         return self._send(worker_id, protocol.MSG_LIMIT, 0, nbytes or 0)
 

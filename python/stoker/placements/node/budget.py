@@ -5,8 +5,9 @@ A group may keep idle workers (one set per dataset, so a rank's loader starts at
 worker loads only while it holds one of the budget's tokens: ``take`` before a task goes to a
 worker, ``give`` when its outcome or its death came back. When no token is free, the group waits
 in line; a token given back goes to the waiting group whose neediest rank has received the
-fewest batches (the rank furthest behind, as inside a group), so ranks stay balanced whatever
-group they are in.
+fewest batches over the pool's life (every epoch and group: ``Pool.tally``; the rank furthest
+behind, as inside a group), so ranks stay balanced whatever group they are in and however long
+their epochs.
 
 A worker with threads (``threads_per_worker``) holds one token: its threads wait on I/O in one
 process, the bound is on the CPUs. Stream workers (an ``IterableDataset``'s) are their rank's

@@ -33,6 +33,7 @@ class Connection:
     def __init__(self, sock, pool_pid: int):
         self.sock = sock
         self.pool_pid = pool_pid
+        self._owner = os.getpid()  # a process forked from it (a helper) writes nothing here
         self._fd = sock.fileno()
         self._lock = threading.Lock()  # the socket's writes, and `held`
         self._held: collections.Counter = collections.Counter()  # batch id -> views received
@@ -52,7 +53,7 @@ class Connection:
     def send(self, message, fds=()) -> bool:
         """False when the connection is gone (broken, or closed here)."""
         with self._lock:
-            if self.broken or self.closed:
+            if self.broken or self.closed or os.getpid() != self._owner:
                 return False
             try:
                 wire.send(self.sock, message, fds)
@@ -91,6 +92,8 @@ class Connection:
 
     def _let_go(self, bid: int) -> None:
         """Any thread, a finalizer's included: queues the news for the sender."""
+        if os.getpid() != self._owner:
+            return  # (a forked helper's copy of a view: the rank's own still holds the slot)
         with self._news:
             self._released.append(bid)
             self._news.notify()

@@ -25,14 +25,14 @@ import logging
 import threading
 import time
 
-from ...engine import events, protocol
+from ...engine import events, fdpass, protocol
 from ...engine.board import Board
 from ..base import STARTUP_GRACE_S, Hung
 from ..local import LocalProcesses
 from . import deaths, wire
 from .ledger import Ledger, keep_bound
 from .records import Asker, Client, PoolWorker, Task, breaks_group
-from .streams import LATER, Streams
+from .streams import Streams
 
 log = logging.getLogger("stoker")
 
@@ -40,10 +40,13 @@ RECHECK_S = 0.5  # how often kept batches are looked at again (their age, who is
 
 
 class Group:
-    def __init__(self, pool, key: str, config, sealed, size: int, budget, ctx):
+    def __init__(self, pool, key: str, config, sealed, size: int, budget, ctx, stdio=()):
         self.pool = pool
         self.key = key
         self.size = size
+        self._stdio = list(stdio)  # the first rank's stdout, stderr: where its workers print
+        if len(self._stdio) == 2:
+            config.stdio = tuple(fdpass.ChannelFd(fd) for fd in self._stdio)
         self.config = config
         self.budget = budget
         self.lock = threading.RLock()
@@ -73,8 +76,7 @@ class Group:
         with self.lock:
             return len(self._clients)
 
-    def pids(self) -> list:
-        """The pids of the group's live workers, by slot."""
+    def pids(self) -> list:  # the group's live workers', by slot
         with self.lock:
             return [pw.pid for pw in self._slots if pw.alive]
 
@@ -122,14 +124,7 @@ class Group:
         now = time.monotonic()
         if now - self._checked_at > RECHECK_S:
             self._checked_at = now
-            self.ledger.recheck(self._owed_now)
-
-    def _owed_now(self, held) -> set:
-        """Who is still expected to ask for `held`: of those it was owed, the ranks still
-        peers of its takers; where ranks not attached yet were expected, whoever is now."""
-        if LATER in held.owed:
-            return self.streams.owed(held.ident, held.takers)
-        return {r for r in held.owed if self.streams.still_owed(r, held.ident, held.takers)}
+            self.ledger.recheck(self.streams.owed_now)
 
     # -- outcomes --------------------------------------------------------------------------------
     def _event(self, ev) -> None:
@@ -155,7 +150,7 @@ class Group:
             out.worker, out.task = a.w, a.task
             self.pool.send(a.cid, wire.Event(a.w, a.gen, out))
             if events.is_outcome(ev) and a.cid in self._clients:
-                self._clients[a.cid].delivered += 1
+                self.pool.tally[self._clients[a.cid].rank] += 1
 
     def _deliver(self, task: Task, pending, pid) -> None:
         if not task.askers:
@@ -175,7 +170,7 @@ class Group:
         c = self._clients.get(a.cid)
         if ok and c is not None:
             self.ledger.gave(held, a.cid, c.rank)
-            c.delivered += 1
+            self.pool.tally[c.rank] += 1
 
     def release(self, cid: int, bid: int) -> None:
         with self.lock:
@@ -297,7 +292,7 @@ class Group:
             fmt = m.fmt & ~protocol.ONE_AT_A_TIME  # (the same batch, however its samples load)
             ident = (m.base_seed, m.epoch, fmt, m.payload)
             if self.streams.saw(c.rank, ident):  # its first task of the epoch: whose peer
-                self.ledger.recheck(self._owed_now)
+                self.ledger.recheck(self.streams.owed_now)
             held = self.ledger.find(ident)
             if held is not None:  # another rank of the group has it: the same slot
                 self._send_batch(held, a)
@@ -369,25 +364,30 @@ class Group:
                 return
             now = time.monotonic()
             while True:
+                tally = self.pool.tally  # (a rank's batches over every epoch and group)
                 c = min((c for c in self._clients.values() if c.head() is not None),
-                        key=lambda c: c.delivered, default=None)
+                        key=lambda c: tally[c.rank], default=None)
                 if c is None:
                     self.budget.leave(self)
                     return
                 pw = next((p for p in self._slots if p.idle()), None) or \
                     next((p for p in self._slots if p.startable(now)), None)
-                if pw is None or not self.budget.take(self, c.delivered):
+                if pw is None or not self.budget.take(self, tally[c.rank]):
                     return
                 task = c.queue.popleft()
                 try:
                     if not pw.alive:
                         self._start(pw)
                     self._send(pw, task)
-                except BaseException:
-                    if pw.task is None:  # (else its outcome or death gives the token back)
-                        self.budget.give()
-                        c.queue.appendleft(task)
-                    raise
+                except Exception as e:  # this task's askers hear of it; the others go on
+                    log.exception("stoker node pool: a task could not be given to a worker")
+                    if pw.task is task:
+                        pw.task = None
+                    task.worker = None
+                    self.budget.give()
+                    self._tasks.pop(task.ident, None)
+                    for a in list(task.askers):
+                        self._tell_death(a, deaths.message_failed(a.w, task, e))
 
     def _start(self, pw: PoolWorker) -> None:
         self.workers.start(pw.slot, self.config)
@@ -409,9 +409,8 @@ class Group:
             pw.seed = (base_seed, epoch)
         task.worker, task.sent_at, pw.task = pw, time.monotonic(), task
         self._tell_began(task)
-        if not self.workers.send_task(pw.slot, task.number,
-                                      protocol.decode_index(task.fmt, task.payload),
-                                      task.one_at_a_time):
+        fmt = task.fmt | (protocol.ONE_AT_A_TIME if task.one_at_a_time else 0)
+        if not self.workers.send_encoded_task(pw.slot, task.number, fmt, task.payload):
             pw.task, task.worker, pw.lost = None, None, True  # its death is on its way
             self.budget.give()
             self._requeue(task)
@@ -447,4 +446,5 @@ class Group:
         self.workers.shutdown()
         self._thread.join()
         self._sealed.close()
+        wire.close_all(self._stdio)
         self.board.close()

@@ -2,8 +2,8 @@
 without the dataset, and the sealed memfd holding the dataset, ``collate_fn`` and
 ``worker_init_fn`` (the same memfd spawn and forkserver workers start from).
 
-The key is what decides which ranks share workers: the pickled bytes (and the files passed
-beside them, by device and inode) and the options that change a batch. Ranks whose loaders are
+The key is what decides which ranks share workers: the pickled bytes (and what is passed beside
+them: a memfd by its contents, a file by which file it is) and the options that change a batch. Ranks whose loaders are
 the same get one group; any other difference (a shard list, a path) gives another.
 
 Pure functions, run by the thread that starts the iterator's workers.
@@ -34,12 +34,28 @@ def group_key(config, sealed: Sealed) -> tuple[str, bool]:
         h.update(m)
         uses_main = m.find(b"__main__") >= 0
     for fd in sealed.extra_fds:
-        st = os.fstat(fd)
-        h.update(f"{st.st_dev}:{st.st_ino}".encode())
+        _hash_passed(h, fd)
     h.update(pickle.dumps((config.kind, config.auto_collation, config.collate_mode,
                            config.drop_last, config.on_error, config.max_retries,
                            config.shared_seed)))
     return h.hexdigest(), uses_main
+
+
+def _hash_passed(h, fd: int) -> None:
+    """What a descriptor passed beside the pickle adds to the key: a memfd (a SharedList's: each
+    rank makes its own, with the same items) by its contents, a file (an np.memmap's) by which
+    file it is."""
+    try:
+        memfd = os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
+    except OSError:
+        memfd = False
+    st = os.fstat(fd)
+    if not memfd or st.st_size == 0:
+        h.update(f"{st.st_dev}:{st.st_ino}:{st.st_size}".encode())
+        return
+    with mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) as m:
+        h.update(b"memfd")
+        h.update(m)
 
 
 def preparation(uses_main: bool) -> dict:
@@ -59,7 +75,7 @@ def preparation(uses_main: bool) -> dict:
 
 def make(config, workers) -> tuple[wire.Hello, Sealed]:
     """The hello for `config`'s loader and the sealed memfd that goes beside it (the caller
-    closes it once sent)."""
+    closes it once sent), then this process's standard output and error (``fds``)."""
     try:
         sealed = Sealed((config.dataset, config.collate_fn, config.init_fn))
     except PerWorker as e:
@@ -71,7 +87,7 @@ def make(config, workers) -> tuple[wire.Hello, Sealed]:
             config, dataset=None, collate_fn=None, init_fn=None, stream_states={},
             shared_memory_share=None, prepare=preparation(uses_main))
         return wire.Hello(wire.VERSION, key, plain, workers, _system.local_ranks(),
-                          os.environ.get("RANK")), sealed
+                          os.environ.get("RANK"), len(sealed.fds())), sealed
     except BaseException:
         sealed.close()
         raise

@@ -42,6 +42,7 @@ import socket
 import sys
 import threading
 import time
+import types
 
 from ... import _system
 from . import forked, template, wire
@@ -121,6 +122,10 @@ class Pool:
         self.budget: Budget | None = None  # made at the first hello (its ranks say the size)
         self._ranks_expected = 0  # LOCAL_WORLD_SIZE, as the ranks said
         self._ranks_seen: set = set()  # the ranks that joined (their RANK, else their pid)
+        # batches (outcomes) each rank process received, over every epoch and group: the rank
+        # furthest behind goes first, inside a group and across (groups read and add to it
+        # under their own locks: a count a thread loses now and then changes only an order)
+        self.tally: collections.Counter = collections.Counter()
         # rank processes seen (pid -> a pidfd of it, and the groups it joined): when one ends,
         # its groups keep nothing more for it
         self._rank_procs: dict[int, tuple[int, set]] = {}
@@ -257,10 +262,11 @@ class Pool:
             g = self._groups.get(m.key)
             if g is None:  # (starts no process: workers start as tasks need them)
                 m.config.num_workers = self.budget.limit
-                sealed = Sealed.adopt(fds[0], fds[1:])
-                fds.clear()  # the Sealed's now, whatever happens next
+                n = m.sealed_fds
+                sealed = Sealed.adopt(fds[0], fds[1:n])
+                stdio, fds[:] = fds[n:n + 2], fds[n + 2:]  # (the group's now, as the Sealed is)
                 g = Group(self, m.key, m.config, sealed, self.budget.limit, self.budget,
-                          self.forker.context())
+                          self.forker.context(), stdio)
                 self._groups[m.key] = g
             c.group, c.rank = g, m.rank
             self._ranks_expected = max(self._ranks_expected, int(m.ranks or 1))
@@ -291,12 +297,13 @@ class Pool:
         ended = []
         with self.lock:
             for pid, (pidfd, groups) in list(self._rank_procs.items()):
-                if pidfd < 0 or select.select([pidfd], [], [], 0)[0]:
+                if pidfd < 0 or _readable_now(pidfd):
                     del self._rank_procs[pid]
                     if pidfd >= 0:
                         os.close(pidfd)
                     ended.append((pid, groups))
         for pid, groups in ended:
+            self.tally.pop(pid, None)
             for g in groups:
                 g.rank_gone(pid)
 
@@ -328,6 +335,12 @@ class Pool:
             g.dispatch()
 
 
+def _readable_now(fd: int) -> bool:
+    p = select.poll()  # (select() fails for descriptors past 1023: a rank may hold many)
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
 def _pool_size(workers, ranks: int) -> int:
     """The pool's workers: as given, or the CPUs this job may use less one per rank's loop."""
     if workers != "auto":
@@ -354,6 +367,10 @@ def serve_forked(job: str, listener: socket.socket) -> None:
         os.setsid()  # (nobody's child: the rank's intermediate process has exited)
         forked.become("stoker-pool", {listener.fileno()})
         pid, link = template.fork_template()
+        # The template keeps the rank's __main__ (its workers find the script's classes there);
+        # the pool does not: a fork server it may start would run the script's top level in
+        # every worker (a worker that needs the script is told so by its own config).
+        sys.modules["__main__"] = sys.modules["__mp_main__"] = types.ModuleType("__main__")
         _serving(job, listener, template.for_pool(link, pid))
         code = 0
     except BaseException:
@@ -390,6 +407,11 @@ def main(argv: list[str]) -> int:
         return 0
     listener.listen(64)
     _detach()
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write("stoker-pool")
+    except OSError:
+        pass
     _serving(job, listener, template.for_pool(None))
     return 0
 

@@ -4,8 +4,8 @@ changed only by the group, under its lock.
 - ``PoolWorker``: one process slot of the group: the process in it, the task it loads, the seed
   it is set to, its deaths at start-up in a row (which decide when it starts again, and when
   the group is broken);
-- ``Client``: one rank's iterator: its queue of tasks, how many outcomes it received (the rank
-  furthest behind goes first), the incarnations of its virtual workers it forgot;
+- ``Client``: one rank's iterator: its queue of tasks, the incarnations of its virtual workers it
+  forgot (how far behind its rank is, the pool counts: ``Pool.tally``);
 - ``Task``: one distinct task, queued or running: the ranks that asked for it (``Asker``s).
 
 Plain records: no I/O, no locks of their own.
@@ -121,7 +121,6 @@ class Client:
     cid: int
     rank: int
     queue: collections.deque = dataclasses.field(default_factory=collections.deque)
-    delivered: int = 0  # outcomes received (the rank furthest behind goes first)
     forgotten: dict = dataclasses.field(default_factory=dict)  # w -> the incarnation that died
 
     def forgot(self, w: int, gen: int) -> bool:

@@ -87,7 +87,10 @@ def _fork_pool(job: str) -> int:
                 os._exit(0)
     finally:
         listener.close()
-    _, status = os.waitpid(pid, 0)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # this process ignores SIGCHLD: the kernel reaped it
+        return 0  # (the name was bound here first: the pool holds it, or a new one starts)
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 

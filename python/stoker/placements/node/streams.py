@@ -54,7 +54,7 @@ class Streams:
         if key in firsts:
             return False
         firsts[key] = ident
-        while len(firsts) > 2:  # this epoch's and the last: enough to guess the next
+        while len(firsts) > 4:  # (a training and a validation loader's last two epochs each)
             del firsts[next(iter(firsts))]
         return True
 
@@ -77,6 +77,14 @@ class Streams:
             out.add(LATER)
         return out
 
+    def owed_now(self, held) -> set:
+        """Who is still expected to ask for `held` (a ``ledger.Held``): of those it was owed,
+        the ranks still peers of its takers; where ranks not attached yet were expected,
+        whoever is now."""
+        if LATER in held.owed:
+            return self.owed(held.ident, held.takers)
+        return {r for r in held.owed if self.still_owed(r, held.ident, held.takers)}
+
     def still_owed(self, rank: int, ident: tuple, takers) -> bool:
         """Whether `rank` (``LATER`` included) is still expected to ask for `ident`'s batch."""
         if rank == LATER:
@@ -87,6 +95,11 @@ class Streams:
         return bool(self._expected) and time.monotonic() - self._since < EXPECT_S
 
     def _was_peer(self, r: int, takers) -> bool:
-        """`r` and one of `takers` were in the same stream the last epoch `r` took part in."""
-        key, ident = next(reversed(self._first[r].items()))
-        return any(self._first.get(t, {}).get(key) == ident for t in takers)
+        """`r` and one of `takers` were in the same stream the last epoch both took part in."""
+        mine = self._first[r]
+        for t in takers:
+            theirs = self._first.get(t, {})
+            shared = [key for key in mine if key in theirs]
+            if shared and mine[shared[-1]] == theirs[shared[-1]]:
+                return True
+        return False

@@ -261,10 +261,11 @@ class Link:
             pass
 
 
-def _readable(sock, timeout_s: float) -> bool:
+def _readable(fd, timeout_s: float) -> bool:
+    """Whether `fd` is readable within `timeout_s` (negative: wait as long as it takes)."""
     p = select.poll()
-    p.register(sock, select.POLLIN)
-    return bool(p.poll(int(timeout_s * 1000)))
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(-1 if timeout_s < 0 else int(timeout_s * 1000)))
 
 
 class _Popen:
@@ -301,13 +302,15 @@ class _Popen:
     def wait(self, timeout=None):
         if self.returncode is None:
             code = self._link.status(self.pid, timeout)
-            if code is None and not self._link.alive and self._ended():
-                code = -signal.SIGKILL  # (its status went with the template: it was killed)
+            # (its status went with the template: it was killed, or ends with the pool)
+            if code is None and not self._link.alive and self._ended(timeout):
+                code = -signal.SIGKILL
             self.returncode = code
         return self.returncode
 
-    def _ended(self) -> bool:
-        return bool(select.select([self.sentinel], [], [], 0)[0])
+    def _ended(self, timeout: float | None = 0) -> bool:
+        """Whether the process ended (waiting up to `timeout`; None: until it does)."""
+        return _readable(self.sentinel, -1 if timeout is None else timeout)
 
     def _signal(self, sig: int) -> None:
         if self.returncode is None:

@@ -160,6 +160,9 @@ class Hello(NamedTuple):
     workers: int | str  # an int, or "auto"
     ranks: int
     rank: str | None
+    # how many of the descriptors beside it are the sealed memfd and what it passes; the two
+    # after those: the rank's standard output and error (what its workers print shows there)
+    sealed_fds: int
 
 
 class Task(NamedTuple):

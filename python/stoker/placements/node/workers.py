@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import select
 import threading
 import time
@@ -83,6 +84,7 @@ class NodeWorkers(Workers):
                 "workers do), and its top level iterates a loader. Put the training code under "
                 "`if __name__ == \"__main__\":`, or the dataset's classes in a module.")
         self._spec = spec
+        self._pid = os.getpid()
         self.num_workers = num_workers
         self._job = rendezvous.job_name(spec)
         self._lock = threading.RLock()
@@ -115,7 +117,7 @@ class NodeWorkers(Workers):
             raise ConnectionError("no connection to the node pool")
         message, sealed = hello.make(config, self._spec.workers)
         try:
-            if not conn.send(message, sealed.fds()):
+            if not conn.send(message, [*sealed.fds(), 1, 2]):  # (stdio: hello.py)
                 raise ConnectionError("the node pool ended before it took this loader")
         finally:
             sealed.close()
@@ -195,8 +197,8 @@ class NodeWorkers(Workers):
             self._events.clear()
             conn, self._conn = self._conn, None
             gens = list(self._gens)
-        if conn is None:
-            return
+        if conn is None or os.getpid() != self._pid:
+            return  # (a process forked from the rank ends nothing of the rank's)
         for w, gen in enumerate(gens):  # the pool drops the work nobody waits for
             conn.send(wire.Forget(w, gen))
         conn.close_when_free()  # (now, or when the last batch the user holds is let go)
