@@ -106,6 +106,12 @@ def _use_stdio(stdio) -> None:
     for target, passed in zip((1, 2), stdio):
         os.dup2(passed.fd, target)
         os.close(passed.fd)
+    # Line-buffered: each line one write(2), whole beside the lines of the rank's other workers
+    # sharing the pipe (the pool's own streams write through: a print's text and its newline
+    # would be two writes, and two workers' lines could meet on one line).
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False,
+                                       errors="backslashreplace")
 
 
 _for_another = False  # a worker started for another process than its parent (node pool)
