@@ -109,9 +109,10 @@ def _use_stdio(stdio) -> None:
     # Line-buffered: each line one write(2), whole beside the lines of the rank's other workers
     # sharing the pipe (the pool's own streams write through: a print's text and its newline
     # would be two writes, and two workers' lines could meet on one line).
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False,
-                                       errors="backslashreplace")
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    for stream in ("stdout", "stderr"):  # (faulthandler and others use these)
+        setattr(sys, f"__{stream}__", getattr(sys, stream))
 
 
 _for_another = False  # a worker started for another process than its parent (node pool)
