@@ -54,6 +54,7 @@ class BufferBatch:
         self._open = open_buffer
         self._on_view = on_view
         self._release = _Once(release)
+        self._releases = release is not None
         self._finalizer = weakref.finalize(self, _dropped, drop, self._release)
 
     def decode(self):
@@ -65,7 +66,8 @@ class BufferBatch:
             raise
         if self._on_view is not None:
             self._on_view(buf)
-        weakref.finalize(buf, self._release)
+        if self._releases:  # (else nothing to run when its views are gone: no finalizer)
+            weakref.finalize(buf, self._release)
         return _stoker.decode_buffer(buf)
 
     def discard(self) -> None:

@@ -66,8 +66,7 @@ def close_inherited(keep: int) -> None:
                 os.close(fd)
             except OSError:
                 pass
-    _pending.clear()
-    _supervisors.clear()
+    forget_all()
 
 
 def forget_all() -> None:

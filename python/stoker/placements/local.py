@@ -235,8 +235,7 @@ class LocalProcesses(Workers):
         return True
 
     def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
-        fmt, payload = protocol.encode_task(index, one_at_a_time)
-        return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
+        return self.send_encoded_task(worker_id, task, *protocol.encode_task(index, one_at_a_time))
 
     def send_encoded_task(self, worker_id: int, task: int, fmt: int, payload: bytes) -> bool:
         """``send_task`` of an index already encoded (``protocol.encode_task``): the node pool

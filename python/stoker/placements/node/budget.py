@@ -29,7 +29,6 @@ class Budget:
         self._lock = threading.Lock()
         self._busy = 0
         self._waiting: dict = {}  # group -> how far behind its neediest rank is (batches)
-        self._peak = 0  # the most tokens ever held at once (stats, tests)
 
     def take(self, group, behind: int) -> bool:
         """A token for one task of `group` (`behind`: the batches its neediest rank has
@@ -39,7 +38,6 @@ class Budget:
             ahead = [b for g, b in self._waiting.items() if g is not group and b < behind]
             if self._busy < self.limit and len(ahead) < self.limit - self._busy:
                 self._busy += 1
-                self._peak = max(self._peak, self._busy)
                 self._waiting.pop(group, None)
                 return True
             self._waiting[group] = behind
@@ -61,8 +59,3 @@ class Budget:
             if self._busy >= self.limit:
                 return []
             return [g for g, _ in sorted(self._waiting.items(), key=lambda kv: kv[1])]
-
-    def usage(self) -> dict:
-        with self._lock:
-            return {"limit": self.limit, "busy": self._busy, "peak": self._peak,
-                    "groups_waiting": len(self._waiting)}

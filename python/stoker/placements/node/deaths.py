@@ -10,6 +10,7 @@ Each returns an ``events.WorkerExited`` built with keywords. Pure functions; any
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 
 from ...engine import deaths as _deaths
@@ -26,7 +27,7 @@ def for_rank(ev: WorkerExited, w: int, task: int | None) -> WorkerExited:
 def cannot_restart(ev: WorkerExited) -> WorkerExited:
     """`ev`, a death at start-up of a group whose workers keep failing to start: the ranks must
     not start it again (the pool did, and it failed each time)."""
-    return dataclasses.replace(ev, start_failed=True, restartable=False)
+    return dataclasses.replace(ev, restartable=False)
 
 
 def pool_ended(w: int, pool_pid: int | None, busy: bool) -> WorkerExited:
@@ -63,6 +64,13 @@ def hung_without_worker(w: int, hung) -> WorkerExited:
         outside=False)
 
 
+def where_tracebacks_go() -> str:
+    """Where the pool's own tracebacks are printed (called in the pool): its stderr, the one of
+    the rank that started it."""
+    return (f"the traceback is on the standard error of the rank that started the node pool "
+            f"(pool pid {os.getpid()})")
+
+
 def message_failed(w: int, message, error: BaseException) -> WorkerExited:
     """The pool could not handle `message` for virtual worker `w` (a bug of the pool's, or a
     message it cannot read): the rank hears of it as a death of `w`, so that it re-issues the
@@ -71,6 +79,5 @@ def message_failed(w: int, message, error: BaseException) -> WorkerExited:
              f"{type(error).__name__}: {protocol.safe_str(error)}")
     return WorkerExited(
         worker=w, pid=None, signum=0, exit_code=None, cause=cause,
-        explanation=(f"worker {w} {cause}. Its tasks are re-issued; the pool's log (this "
-                     "rank's stderr) has the traceback."),
+        explanation=f"worker {w} {cause}. Its tasks are re-issued; {where_tracebacks_go()}.",
         index=None, busy=True, hung=False, started=True, outside=False)

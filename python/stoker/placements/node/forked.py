@@ -46,6 +46,11 @@ def become(name: str, keep: set) -> None:
     for stream in ("stdin", "stdout", "stderr"):  # (faulthandler and others use these)
         setattr(sys, f"__{stream}__", getattr(sys, stream))
     _fresh_multiprocessing()
+    set_name(name)
+
+
+def set_name(name: str) -> None:
+    """This process's name (``/proc/self/comm``: what ``ps -o comm`` and ``top`` show)."""
     try:
         with open("/proc/self/comm", "w") as f:
             f.write(name[:15])

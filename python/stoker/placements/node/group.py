@@ -43,7 +43,6 @@ class Group:
     def __init__(self, pool, key: str, config, sealed, size: int, budget, ctx, stdio=()):
         self.pool = pool
         self.key = key
-        self.size = size
         self._stdio = list(stdio)  # the first rank's stdout, stderr: where its workers print
         if len(self._stdio) == 2:
             config.stdio = tuple(fdpass.ChannelFd(fd) for fd in self._stdio)
@@ -230,10 +229,14 @@ class Group:
             if c is None:
                 return
             c.forgotten[w] = max(gen, c.forgotten.get(w, -1))
-            for t in list(self._tasks.values()):
-                t.askers = [a for a in t.askers if not a.of(cid, w, gen)]
-                if not t.askers and t.worker is None:
-                    del self._tasks[t.ident]
+            self._drop_askers(lambda a: a.of(cid, w, gen))
+
+    def _drop_askers(self, which) -> None:
+        """(Under the lock.) Drops the askers `which` names, and tasks left unasked and idle."""
+        for t in list(self._tasks.values()):
+            t.askers = [a for a in t.askers if not which(a)]
+            if not t.askers and t.worker is None:
+                del self._tasks[t.ident]
 
     def tell_failed(self, cid: int, message, error: BaseException) -> None:
         """A message of `cid` about a virtual worker could not be handled: that worker dies."""
@@ -267,10 +270,7 @@ class Group:
             c = self._clients.pop(cid, None)
             if c is None:
                 return
-            for t in list(self._tasks.values()):
-                t.askers = [a for a in t.askers if a.cid != cid]
-                if not t.askers and t.worker is None:
-                    del self._tasks[t.ident]
+            self._drop_askers(lambda a: a.cid == cid)
             for t in c.queue:
                 if t.askers:  # another rank joined it: it waits in that rank's queue now
                     self._requeue(t, front=False)

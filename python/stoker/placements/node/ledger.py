@@ -66,7 +66,6 @@ class Ledger:
         self._by_ident: dict[tuple, int] = {}
         self._kept: dict[int, None] = {}  # bids with no holder, oldest first
         self.kept_bytes = 0
-        self.evicted = 0  # kept batches let go for the bound, before their peers asked
 
     def add(self, ident: tuple, pending, owed: set, pid: int) -> Held:
         """A batch just loaded (by process `pid`), owed to `owed` besides those it is sent to."""
@@ -90,13 +89,15 @@ class Ledger:
 
     def release(self, bid: int, cid: int) -> None:
         held = self._by_id.get(bid)
-        if held is not None and held.holders[cid] > 0:
+        if held is not None and held.holders.get(cid, 0) > 0:
             held.holders[cid] -= 1
+            if not held.holders[cid]:
+                del held.holders[cid]  # (only holders with a count stay: `settle` tests it bare)
             self.settle(held)
 
     def settle(self, held: Held) -> None:
         """Keeps `held` while someone holds it or is owed it; else its slot goes back."""
-        if +held.holders:
+        if held.holders:
             return
         if not held.owed:
             self._forget(held)
@@ -107,7 +108,6 @@ class Ledger:
             self.kept_bytes += held.nbytes
         while self._kept and (len(self._kept) > self.keep_batches
                               or self.kept_bytes > self.keep_bytes):
-            self.evicted += 1
             self._forget(self._by_id[next(iter(self._kept))])
 
     def drop(self, cid: int) -> None:
@@ -138,10 +138,6 @@ class Ledger:
         self._by_ident.clear()
         self._kept.clear()
         self.kept_bytes = 0
-
-    def usage(self) -> dict:
-        return {"held": len(self._by_id) - len(self._kept), "kept": len(self._kept),
-                "kept_bytes": self.kept_bytes, "evicted": self.evicted}
 
     def _unkeep(self, held: Held) -> None:
         if self._kept.pop(held.bid, "gone") is None:

@@ -45,7 +45,7 @@ import time
 import types
 
 from ... import _system
-from . import forked, template, wire
+from . import deaths, forked, template, wire
 from .budget import Budget
 from .group import Group
 
@@ -64,7 +64,6 @@ class _Client:
         self.sock = sock
         self.pid = pid
         self.group: Group | None = None
-        self.rank: str | None = None
         self.outbox: collections.deque = collections.deque()  # (message, its own fd copies)
         self.ready = threading.Condition(threading.Lock())
         self.closed = False
@@ -126,9 +125,9 @@ class Pool:
         # furthest behind goes first, inside a group and across (groups read and add to it
         # under their own locks: a count a thread loses now and then changes only an order)
         self.tally: collections.Counter = collections.Counter()
-        # rank processes seen (pid -> a pidfd of it, and the groups it joined): when one ends,
-        # its groups keep nothing more for it
-        self._rank_procs: dict[int, tuple[int, set]] = {}
+        # rank processes seen (pid -> a pidfd of it, -1 when it had ended, None when none could
+        # be opened; and the groups it joined): when one ends, its groups keep nothing for it
+        self._rank_procs: dict[int, tuple[int | None, set]] = {}
         self._next = 0
         self._idle_since = time.monotonic()
 
@@ -219,7 +218,8 @@ class Pool:
                     log.exception("stoker node pool: a message from pid %d failed", c.pid)
                     wire.close_all(fds)
                     if isinstance(message, wire.Hello) or c.group is None:
-                        c.put(wire.Refused(f"{type(e).__name__}: {e}"), ())
+                        c.put(wire.Refused(f"{type(e).__name__}: {e} "
+                                           f"({deaths.where_tracebacks_go()})"), ())
                     else:
                         c.group.tell_failed(c.cid, message, e)
                 self.wake()
@@ -268,7 +268,7 @@ class Pool:
                 g = Group(self, m.key, m.config, sealed, self.budget.limit, self.budget,
                           self.forker.context(), stdio)
                 self._groups[m.key] = g
-            c.group, c.rank = g, m.rank
+            c.group = g
             self._ranks_expected = max(self._ranks_expected, int(m.ranks or 1))
             self._ranks_seen.add(m.rank if m.rank is not None else f"pid {c.pid}")
             more = self._ranks_expected - len(self._ranks_seen)
@@ -286,9 +286,11 @@ class Pool:
         known = self._rank_procs.get(pid)
         if known is None:
             try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                pidfd = -1
+                pidfd: int | None = os.pidfd_open(pid)
+            except ProcessLookupError:
+                pidfd = -1  # (it ended already)
+            except OSError:  # (no descriptor free, say: its pid is checked instead)
+                pidfd = None
             known = self._rank_procs[pid] = (pidfd, set())
         known[1].add(g)
 
@@ -297,11 +299,15 @@ class Pool:
         ended = []
         with self.lock:
             for pid, (pidfd, groups) in list(self._rank_procs.items()):
-                if pidfd < 0 or _readable_now(pidfd):
-                    del self._rank_procs[pid]
-                    if pidfd >= 0:
-                        os.close(pidfd)
-                    ended.append((pid, groups))
+                if pidfd is None:
+                    if _system.process_state(pid) not in ("", "Z"):
+                        continue
+                elif pidfd >= 0:
+                    if not wire.readable(pidfd, 0):
+                        continue
+                    os.close(pidfd)
+                del self._rank_procs[pid]
+                ended.append((pid, groups))
         for pid, groups in ended:
             self.tally.pop(pid, None)
             for g in groups:
@@ -333,12 +339,6 @@ class Pool:
             return
         for g in self.budget.waiting():
             g.dispatch()
-
-
-def _readable_now(fd: int) -> bool:
-    p = select.poll()  # (select() fails for descriptors past 1023: a rank may hold many)
-    p.register(fd, select.POLLIN)
-    return bool(p.poll(0))
 
 
 def _pool_size(workers, ranks: int) -> int:
@@ -407,11 +407,7 @@ def main(argv: list[str]) -> int:
         return 0
     listener.listen(64)
     _detach()
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write("stoker-pool")
-    except OSError:
-        pass
+    forked.set_name("stoker-pool")
     _serving(job, listener, template.for_pool(None))
     return 0
 

@@ -91,7 +91,7 @@ def _fork_pool(job: str) -> int:
         _, status = os.waitpid(pid, 0)
     except ChildProcessError:  # this process ignores SIGCHLD: the kernel reaped it
         return 0  # (the name was bound here first: the pool holds it, or a new one starts)
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return os.waitstatus_to_exitcode(status)
 
 
 def connect(job: str):

@@ -81,15 +81,8 @@ class Streams:
         """Who is still expected to ask for `held` (a ``ledger.Held``): of those it was owed,
         the ranks still peers of its takers; where ranks not attached yet were expected,
         whoever is now."""
-        if LATER in held.owed:
-            return self.owed(held.ident, held.takers)
-        return {r for r in held.owed if self.still_owed(r, held.ident, held.takers)}
-
-    def still_owed(self, rank: int, ident: tuple, takers) -> bool:
-        """Whether `rank` (``LATER`` included) is still expected to ask for `ident`'s batch."""
-        if rank == LATER:
-            return self._later()
-        return rank in self.owed(ident, takers)
+        now = self.owed(held.ident, held.takers)
+        return now if LATER in held.owed else held.owed & now
 
     def _later(self) -> bool:
         return bool(self._expected) and time.monotonic() - self._since < EXPECT_S

@@ -95,8 +95,7 @@ def _template(link_fd: int) -> None:
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
-    wire.send(link, ("hello", os.getpid(), main))
+    wire.send(link, ("hello", os.getpid()))
     poller = select.poll()
     poller.register(link, select.POLLIN)
     poller.register(r, select.POLLIN)
@@ -146,14 +145,8 @@ def _reap(link) -> None:
             return
         if pid == 0:
             return
-        wire.send(link, ("exited", pid, _returncode(status)))
-
-
-def _returncode(status: int) -> int:
-    """multiprocessing's convention: the exit code, or minus the signal's number."""
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
+        # (multiprocessing's convention: the exit code, or minus the signal's number)
+        wire.send(link, ("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
 def _bootstrap(payload: bytes) -> int:
@@ -197,13 +190,12 @@ class Link:
         self._ids = itertools.count(1)
         self.alive = True
         self.pid: int | None = None
-        self.main: str | None = None
-        got = wire.recv(sock) if _readable(sock, FORK_TIMEOUT_S) else None
+        got = wire.recv(sock) if wire.readable(sock, FORK_TIMEOUT_S) else None
         if got is None or got[0][0] != "hello":
             self.alive = False
             sock.close()
             return
-        _, self.pid, self.main = got[0]
+        _, self.pid = got[0]
         threading.Thread(target=self._read, name="stoker-node-template", daemon=True).start()
 
     def _read(self) -> None:
@@ -261,13 +253,6 @@ class Link:
             pass
 
 
-def _readable(fd, timeout_s: float) -> bool:
-    """Whether `fd` is readable within `timeout_s` (negative: wait as long as it takes)."""
-    p = select.poll()
-    p.register(fd, select.POLLIN)
-    return bool(p.poll(-1 if timeout_s < 0 else int(timeout_s * 1000)))
-
-
 class _Popen:
     """multiprocessing's Popen for a worker the template forks: the Process is pickled as for
     forkserver (descriptors it refers to passed beside it), the exit status comes from the
@@ -310,7 +295,7 @@ class _Popen:
 
     def _ended(self, timeout: float | None = 0) -> bool:
         """Whether the process ended (waiting up to `timeout`; None: until it does)."""
-        return _readable(self.sentinel, -1 if timeout is None else timeout)
+        return wire.readable(self.sentinel, -1 if timeout is None else timeout)
 
     def _signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -384,11 +369,6 @@ class Forker:
             ctx.set_forkserver_preload(["stoker.engine.process", "stoker.placements.local"])
             self._forkserver = ctx
         return self._forkserver
-
-    @property
-    def template_pid(self) -> int | None:
-        link = self.link
-        return link.pid if link is not None and link.alive else None
 
     def close(self) -> None:
         if self.link is not None:

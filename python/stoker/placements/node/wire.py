@@ -29,6 +29,7 @@ import array
 import hashlib
 import os
 import pickle
+import select
 import socket
 import struct
 from typing import NamedTuple
@@ -36,6 +37,16 @@ from typing import NamedTuple
 from ...engine import events
 from ...engine.worker import WorkerConfig
 from ..base import Hung
+
+
+def readable(fd, timeout_s: float) -> bool:
+    """Whether `fd` (a descriptor or socket) is readable within `timeout_s` seconds (0: now;
+    negative: as long as it takes). poll, not select: select fails past descriptor 1023, and
+    a rank may hold many."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(-1 if timeout_s < 0 else int(timeout_s * 1000)))
+
 
 INLINE_MAX = 64 * 1024
 _RECV_MAX = INLINE_MAX + 64
@@ -265,6 +276,3 @@ class Died(NamedTuple):
     gen: int
     exited: events.WorkerExited
 
-
-FROM_RANK = (Hello, Task, Release, Forget, Kill)
-FROM_POOL = (Ready, Refused, Pids, Began, Batch, Event, Died)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import select
 import threading
 import time
 
@@ -64,12 +63,6 @@ class _Virtual:
     loaders: dict = dataclasses.field(default_factory=dict)  # task -> the pool worker's pid
     last_pid: int | None = None  # the pool worker that loaded its last batch
     batches: int = 0
-
-
-def _readable(sock, timeout_s: float) -> bool:
-    p = select.poll()  # (select() fails for descriptors above 1023)
-    p.register(sock, select.POLLIN)
-    return bool(p.poll(int(timeout_s * 1000)))
 
 
 class NodeWorkers(Workers):
@@ -121,7 +114,7 @@ class NodeWorkers(Workers):
                 raise ConnectionError("the node pool ended before it took this loader")
         finally:
             sealed.close()
-        got = wire.recv(conn.sock) if _readable(conn.sock, HELLO_TIMEOUT_S) else None
+        got = wire.recv(conn.sock) if wire.readable(conn.sock, HELLO_TIMEOUT_S) else None
         answer = got[0] if got is not None else None
         if got is not None:
             wire.close_all(got[1])
@@ -254,7 +247,7 @@ class NodeWorkers(Workers):
                 continue
             if conn is None:
                 time.sleep(slice_s)
-            elif _readable(conn.sock, slice_s):
+            elif wire.readable(conn.sock, slice_s):
                 self._receive(conn)
                 continue
             if deadline is not None and time.monotonic() >= deadline:
