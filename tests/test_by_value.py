@@ -232,7 +232,7 @@ if __name__ == "__main__":
             out[name] = [b.tolist() for b in dl]
         except Exception as e:
             out[name] = type(e).__name__
-    from stoker import _by_value, _main_script
+    from stoker import _by_value
     out["by_value"] = [_by_value.needed(x) for x in (Kept, Rows, collate)]
     print(json.dumps(out))
 """
@@ -273,6 +273,49 @@ def test_what_pickles_today_pickles_byte_for_byte():
     ds, init, collates = _local_parts()
     assert _by_value.needed(type(ds)) and _by_value.needed(init)
     assert _by_value.needed(collates["lambda"])
+
+
+_SAME_BYTES = r"""
+import hashlib, sys
+from stoker import _by_value
+ns = {"scale": 3, "offset": 1, "name": "x", "__name__": "made"}
+exec("def f(v):\n    return scale * v + offset + len(name) + (lambda: z)()\n", ns)
+def outer():
+    a, b, c = 1, 2, 3
+    return lambda v: ns["f"](v) + a + b + c + len(sys.argv)
+print(hashlib.sha256(_by_value.dumps((ns["f"], outer()))).hexdigest())
+"""
+
+
+def test_a_by_value_function_pickles_to_the_same_bytes_in_every_process():
+    """The node pool's group key is a hash of the pickle: ranks (each its own hash seed) whose
+    loaders hold the same by-value functions must make the same bytes."""
+    digests = {subprocess.run([sys.executable, "-c", _SAME_BYTES], capture_output=True,
+                              text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+               for seed in range(1, 6)}
+    assert len(digests) == 1, digests
+
+
+class _Replaced:
+    def __init__(self, v):
+        self.v = v
+
+
+def test_a_reducer_replaced_with_copyreg_is_the_one_used():
+    """As each standard Pickler reads copyreg's table anew, a reducer registered again for a
+    type replaces the last one in stoker's reused picklers too."""
+    import copyreg
+
+    from stoker import _pickling
+
+    try:
+        for v in (1, 2):
+            copyreg.pickle(_Replaced, lambda obj, v=v: (_Replaced, (v,)))
+            assert pickle.loads(_pickling.dumps(_Replaced(0))).v == v
+            assert pickle.loads(_by_value.dumps(_Replaced(0))).v == v
+    finally:
+        copyreg.dispatch_table.pop(_Replaced, None)
 
 
 def test_what_lambdas_share_crosses_once_and_a_memmap_as_its_file(tmp_path):
@@ -475,6 +518,15 @@ class _Shards:
         pass
 
 
+class _OwnState:
+    @stoker.per_worker
+    def creds(self):
+        return {"token": "t"}
+
+    def __getstate__(self):
+        return self.__dict__
+
+
 def _open_tables(ds, done: list) -> None:
     done.append(ds.tables)
 
@@ -495,6 +547,11 @@ def test_per_worker_factories_on_threads_copies_and_garbage():
     assert ds.client == ds.log
     other = copy.copy(ds)
     assert _Shards.tables.opened(ds) and not _Shards.tables.opened(other)
+    own = _OwnState()  # its own __getstate__ copies the handle in its __dict__ too
+    assert own.creds == {"token": "t"}
+    own_copy = copy.copy(own)
+    assert _OwnState.creds.opened(own) and not _OwnState.creds.opened(own_copy)
+    assert own_copy.creds is not own.creds
     ref = weakref.ref(ds)
     del ds, other
     gc.collect()

@@ -46,6 +46,8 @@ import pickle
 import sys
 import types
 import typing
+import weakref
+from multiprocessing import reduction as _mp_reduction
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
@@ -129,7 +131,6 @@ def _refused() -> set:
     import abc
     import collections
     import dataclasses
-    import weakref
 
     empty: list[dict] = [{}, collections.OrderedDict()]
     views = [type(getattr(d, k)()) for d in empty for k in ("keys", "values", "items")]
@@ -162,27 +163,26 @@ def _make_cached_property(func, attrname, doc):
     return prop
 
 
-_REDUCERS = {t: r for t, r in cloudpickle.Pickler._dispatch_table.items() if t in _refused()}
+_REDUCERS = {t: r for refused in [_refused()]
+             for t, r in cloudpickle.Pickler._dispatch_table.items() if t in refused}
 _REDUCERS.update({types.CodeType: _code_reduce, types.CellType: _cell_reduce})
 if sys.version_info < (3, 12):  # (later ones hold no lock: the standard pickler takes them)
     _REDUCERS[functools.cached_property] = _cached_property_reduce
-_tables: dict = {}  # forking -> (the tables it was built from, by length) and the table
+_tables: dict = {}  # forking -> copies of the tables it was built from, and the table
 
 
 def _table(forking: bool) -> dict:
     """The dispatch table: the standard one (and multiprocessing's reductions for a pickle to
-    a starting process) with the reducers above; rebuilt when another reducer is registered."""
-    from multiprocessing import reduction
-
-    extra = reduction.ForkingPickler._extra_reducers if forking else {}  # type: ignore
-    stamp = (len(copyreg.dispatch_table), len(extra))
+    a starting process) with the reducers above; rebuilt when a reducer is registered or
+    replaced (copyreg.pickle), as each standard Pickler would read the tables anew."""
+    extra = _mp_reduction.ForkingPickler._extra_reducers if forking else {}  # type: ignore
     kept = _tables.get(forking)
-    if kept is None or kept[0] != stamp:
+    if kept is None or kept[0] != copyreg.dispatch_table or kept[1] != extra:
         table = dict(copyreg.dispatch_table)
         table.update(_REDUCERS)
         table.update(extra)
-        _tables[forking] = kept = (stamp, table)
-    return kept[1]
+        _tables[forking] = kept = (dict(copyreg.dispatch_table), dict(extra), table)
+    return kept[2]
 
 
 class Pickler(cloudpickle.Pickler):
@@ -199,14 +199,13 @@ class Pickler(cloudpickle.Pickler):
         # same name would win after): one plain dict, looked up at C speed.
         self.dispatch_table = _table(forking)
         self._forking = forking
-        self._stamp = _tables[forking][0]
         super().__init__(file, protocol=protocol, buffer_callback=buffer_callback)
         self._globals: dict[int, dict] = {}  # id(a function's globals) -> the dict sent
 
     def stale(self) -> bool:
-        """Whether a reducer was registered since this pickler was made (one reused)."""
-        _table(self._forking)
-        return _tables[self._forking][0] != self._stamp
+        """Whether a reducer was registered or replaced since this pickler was made (one
+        reused)."""
+        return _table(self._forking) is not self.dispatch_table
 
     def forget_globals(self) -> None:
         """Before another pickle by this pickler (its memo cleared too)."""
@@ -237,11 +236,13 @@ class Pickler(cloudpickle.Pickler):
         home = _home_in_worker(func)
         replace = True  # (the dict sent is the function's own; guard-only names are missing)
         if home is not None:
-            names = _guard_only(func) if home == "__main__" else []
-            scope = ("module", home)
-            # where the script's names are unknowable, all it uses travel, and fill in only
-            # what the worker's module lacks
-            replace = _main_script.bound_outside_guards() is not None
+            scope, names = ("module", home), []
+            if home == "__main__":  # the names it uses the worker's run of the script lacks
+                bound = _main_script.bound_outside_guards()
+                names = [n for n in _globals_used(func.__code__) if bound is None or n not in bound]
+                # where the script's names are unknowable, all it uses travel, and fill in only
+                # what the worker's module lacks
+                replace = bound is not None
         else:
             base = self._globals.get(id(func.__globals__))
             if base is None:
@@ -291,20 +292,25 @@ def _tracked_class(tracker: str, qualname: str):
     return cls
 
 
-def _guard_only(func) -> list:
-    """The globals `func` uses that the worker's run of the script does not bind (bound only
-    under the main guard); all it uses when that cannot be told."""
-    bound = _main_script.bound_outside_guards()
-    return [n for n in _globals_used(func.__code__) if bound is None or n not in bound]
+_USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # code -> _globals_used
 
 
-def _globals_used(code) -> set:
-    """The global names `code` (and the code nested in it) reads, writes or deletes."""
+def _globals_used(code) -> list:
+    """The global names `code` (and the code nested in it) reads, writes or deletes, sorted:
+    the pickle's bytes are the same in every process whatever its PYTHONHASHSEED (the node
+    pool's group key is their hash), read once per code object."""
+    names = _USED.get(code)
+    if names is None:
+        names = _USED[code] = sorted(_names_in(code))
+    return names
+
+
+def _names_in(code) -> set:
     names = {i.argval for i in dis.get_instructions(code)
              if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _globals_used(const)
+            names |= _names_in(const)
     return names
 
 

@@ -28,7 +28,7 @@ import os
 import pickle
 import struct
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from multiprocessing import reduction
 
 from . import _stoker
@@ -91,25 +91,12 @@ class SharedList(_stoker.SharedItems):
         _stoker.SharedItems.__init__(self, buffer, n, offsets_at, data_at, schemas,
                                      pickle.loads)
 
-    def index(self, value, start: int = 0, stop: int | None = None) -> int:
-        for i in range(*slice(start, stop).indices(len(self))):
-            if self[i] == value:
-                return i
-        raise ValueError(f"{value!r} is not in the SharedList")
-
-    def count(self, value) -> int:
-        return sum(1 for x in self if x == value)
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
-
-    def __reversed__(self):
-        for i in range(len(self) - 1, -1, -1):
-            yield self[i]
-
-    def __contains__(self, value) -> bool:
-        return any(x == value for x in self)
+    # (a Sequence's own methods, over __len__ and __getitem__)
+    index = Sequence.index
+    count = Sequence.count
+    __iter__ = Sequence.__iter__
+    __reversed__ = Sequence.__reversed__
+    __contains__ = Sequence.__contains__
 
     def __reduce_ex__(self, protocol):
         from multiprocessing import context
