@@ -293,7 +293,7 @@ def test_a_by_value_function_pickles_to_the_same_bytes_in_every_process():
     digests = {subprocess.run([sys.executable, "-c", _SAME_BYTES], capture_output=True,
                               text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
-               for seed in range(1, 6)}
+               for seed in (1, 2, 3)}
     assert len(digests) == 1, digests
 
 
