@@ -1,8 +1,8 @@
 """Many samples in flight inside one worker: ``threads_per_worker`` (docs/design/threads.md).
 
-A batch's samples are loaded at once by up to N threads of the worker (a pool made in the worker,
-after it started), or, for an ``async def __getitem__``, as up to N coroutines on one event loop
-of the worker. Either way the results come back in sampler order, so the batch is the one the
+A batch's samples are loaded at once by up to N threads of the worker (behind one gate of width
+N, ``gate.Gate``, whose threads are made in the worker after it started), or, for an ``async def
+__getitem__``, as up to N coroutines on one event loop of the worker. Either way the results come back in sampler order, so the batch is the one the
 same loader builds with one thread; each sample goes through the error policy on its own
 (``fetch.Fetcher`` decides what a failure means).
 
@@ -13,7 +13,7 @@ the best width seen when widening did not pay. A dataset that computes keeps its
 "auto" leaves it at one thread (threads would only fight over the GIL).
 
 Thread contract: ``InFlight`` belongs to the thread that loads (the worker's main thread); the
-threads of its pool run only the sample loads handed to them, and call the dataset and the
+threads of its gate run only the sample loads handed to them, and call the dataset and the
 per-sample callback (which must be thread-safe: the worker's is).
 """
 
@@ -23,9 +23,10 @@ import asyncio
 import inspect
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
+from .gate import Gate
 
 # "auto" widens while the worker's CPU time is below this share of its wall time
 WAITING_SHARE = 0.6
@@ -121,17 +122,31 @@ def is_async(dataset) -> bool:
     return False
 
 
+def threads_for(setting, dataset):
+    """What ``threads_per_worker`` means for `dataset`: as given, or when it was left unset
+    (None), 1 for a dataset that computes and "auto" for one whose __getitem__ or __getitems__
+    is an ``async def`` (it says its work waits: many of its coroutines run at once)."""
+    if setting is not None:
+        return setting
+    return "auto" if is_async(dataset) else 1
+
+
 class InFlight:
     """Loads items at once: ``map(load, items)`` returns ``[(ok, value, error)]`` in the items'
     order. `load(item)` returns the sample (or, for an async dataset, a coroutine for it) or
-    raises; `ok` is False when it raised, `error` then holds the exception."""
+    raises; `ok` is False when it raised, `error` then holds the exception.
+
+    One gate bounds what loads at once on threads (``gate.Gate``, of the width now): the
+    batch's samples and those of the next batch started ahead (``start_ahead``) go through it,
+    so never more than the width load at once, whatever the width was when they were handed in.
+    A batch started ahead is always taken up by its ``map``, whatever the width became (each
+    sample is loaded once)."""
 
     def __init__(self, dataset, setting, width: Width | None = None):
         """`width`: one kept from an earlier epoch's InFlight (what "auto" learnt)."""
-        self.width = width if width is not None else Width(setting)
+        self.width = width if width is not None else Width(threads_for(setting, dataset))
         self.is_async = is_async(dataset)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_size = 0
+        self._gate: Gate | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
         self._ahead: dict = {}  # batch key -> the futures of its items, started ahead
@@ -144,6 +159,11 @@ class InFlight:
         as before threads existed)."""
         return self.is_async or self.width.auto or self.width.now > 1
 
+    @property
+    def peak(self) -> int:
+        """The most samples that loaded at once on this process's threads so far."""
+        return self._gate.peak if self._gate is not None and self._gate.usable() else 0
+
     def map(self, load, items, serial: bool = False, progress=None, key=None,
             lookahead=None) -> list:
         """`serial`: one at a time whatever the width (a batch re-issued after its worker died
@@ -151,9 +171,12 @@ class InFlight:
         `progress(in_flight)` is called on this thread before the first item and as each is
         done, with how many load at once now (the worker's hang watch then times the wait for
         the next sample, not the whole batch). Threads only: `key` names the batch, whose
-        items may have started already (``start_ahead``); `lookahead()` is called on this
-        thread whenever fewer items than threads are left loading, to start the next batch's
-        (it returns False once there is nothing more to start for now)."""
+        items may have started already (``start_ahead``: then they are these items' loads,
+        taken up whatever the width is now); `lookahead()` is called on this thread whenever
+        fewer items than the width are left loading, to start the next batch's (it returns
+        False once there is nothing more to start for now)."""
+        ahead = self._ahead.pop(key, None) if key is not None else None
+        began = self._ahead_at.pop(key, None) if key is not None else None
         n = 1 if serial else min(self.width.now, len(items))
         if progress is not None:
             total, report = len(items), progress
@@ -165,11 +188,13 @@ class InFlight:
 
             progress()
         begin = _now()
-        if key in self._ahead_at:  # its samples started while the batch before loaded: its
+        if began is not None:  # its samples started while the batch before loaded: its
             # time is from when that one was done (what the worker delivers per second)
-            begin = max(self._ahead_at.pop(key), self._done_at or begin)
+            begin = max(began, self._done_at or begin)
         if self.is_async:
             out = self._run_async(load, items, n, progress)
+        elif ahead is not None:
+            out = self._wait(ahead, progress, lookahead)
         elif n <= 1:
             out = []
             for it in items:
@@ -177,33 +202,26 @@ class InFlight:
                 if progress is not None:
                     progress()
         else:
-            out = self._run_threads(load, items, progress, key, lookahead)
+            gate = self._the_gate()
+            out = self._wait([gate.submit(_call_with, (load, it)) for it in items], progress,
+                             lookahead)
         end = self._done_at = _now()
         if not serial:
             self.width.observe(len(items), end[0] - begin[0], end[1] - begin[1])
+            if self._gate is not None and self._gate.usable():
+                self._gate.resize(self.width.now)
         return out
 
     # -- threads ---------------------------------------------------------------------------------
-    def _threads(self, n: int) -> ThreadPoolExecutor:
-        # exactly n threads, so that at most n samples load at once, the next batch's too
-        # (a pool let go finishes what it was given: a batch started ahead on it completes)
-        if self._pool is not None and (self._pool_size != n or self._pid != os.getpid()):
-            if self._pid == os.getpid():
-                self._pool.shutdown(wait=False)
-            self._pool = None  # (a pool copied by fork has no threads: never used again)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-sample")
-            self._pool_size, self._pid = n, os.getpid()
-        return self._pool
+    def _the_gate(self) -> Gate:
+        """This process's gate, of the width now (one copied by fork has no threads: a new one)."""
+        if self._gate is None or not self._gate.usable():
+            self._gate = Gate(self.width.now)
+        else:
+            self._gate.resize(self.width.now)
+        return self._gate
 
-    def _run_threads(self, load, items, progress, key, lookahead) -> list:
-        # the width's threads, whatever the batch's size: those its samples leave free load
-        # the next batch's (lookahead)
-        n = self.width.now
-        pool = self._threads(n)
-        futures = self._ahead.pop(key, None) if key is not None else None
-        if futures is None:
-            futures = [pool.submit(_call, load, it) for it in items]
+    def _wait(self, futures, progress, lookahead) -> list:
         if progress is None and lookahead is None:
             return [f.result() for f in futures]
         left = len(futures)
@@ -211,23 +229,29 @@ class InFlight:
             left -= 1
             if progress is not None:
                 progress()
-            if lookahead is not None and left < n and not lookahead():
+            if lookahead is not None and left < self.width.now and not lookahead():
                 lookahead = None
         return [f.result() for f in futures]
 
     def start_ahead(self, key, load, items) -> None:
-        """Starts loading `items` of the batch `key` (the worker's next task) on the threads
-        that the batch loading now leaves free; ``map(..., key=key)`` takes them up. Only while
-        a batch loads on threads (its width > 1)."""
-        pool = self._threads(self.width.now)
-        self._ahead[key] = [pool.submit(_call, load, it) for it in items]
+        """Starts loading `items` of the batch `key` (the worker's next task) through the gate,
+        behind the batch loading now (its places free as its samples are done); ``map(...,
+        key=key)`` takes them up. Only while a batch loads on threads (its width > 1)."""
+        gate = self._the_gate()
+        self._ahead[key] = [gate.submit(_call_with, (load, it)) for it in items]
         self._ahead_at[key] = _now()
 
     def drop_ahead(self) -> None:
-        """Forgets the batches started ahead (a new epoch: none is left to take them up)."""
+        """Forgets the batches started ahead (a new epoch: none is left to take them up): what
+        has not started never does, what runs is waited for (nothing of an epoch loads in the
+        next)."""
         for futures in self._ahead.values():
             for f in futures:
                 f.cancel()
+        for futures in self._ahead.values():
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()  # (waits; _call_with returns outcomes, never raises)
         self._ahead.clear()
         self._ahead_at.clear()
 
@@ -258,10 +282,14 @@ class InFlight:
         return self._loop.run_until_complete(every())
 
     def close(self) -> None:
-        self.drop_ahead()
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
+        for futures in self._ahead.values():
+            for f in futures:
+                f.cancel()
+        self._ahead.clear()
+        self._ahead_at.clear()
+        if self._gate is not None and self._gate.usable():
+            self._gate.close()
+        self._gate = None
         if self._loop is not None and self._pid == os.getpid():
             self._loop.close()
         self._loop = None
@@ -277,6 +305,10 @@ def _call(load, item):
         return True, load(item), None
     except Exception as e:
         return False, None, e
+
+
+def _call_with(load_and_item):
+    return _call(*load_and_item)
 
 
 def resolve(value, loop_owner: InFlight | None = None):
