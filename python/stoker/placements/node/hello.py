@@ -35,10 +35,32 @@ def group_key(config, sealed: Sealed) -> tuple[str, bool]:
         uses_main = m.find(b"__main__") >= 0
     for fd in sealed.extra_fds:
         _hash_passed(h, fd)
-    h.update(pickle.dumps((config.kind, config.auto_collation, config.collate_mode,
-                           config.drop_last, config.on_error, config.max_retries,
-                           config.shared_seed)))
+    h.update(pickle.dumps(keyed_settings(config)))
     return h.hexdigest(), uses_main
+
+
+# The fields of a WorkerConfig that stay out of the group's key, each with why: every other
+# field changes what or how a worker loads, and ranks that differ in it get groups of their own
+# (a new field is in the key unless it is named here: nothing is dropped silently).
+NOT_KEYED = {
+    "dataset": "in the sealed pickle, hashed byte for byte",
+    "collate_fn": "in the sealed pickle",
+    "init_fn": "in the sealed pickle",
+    "num_workers": "the pool sizes its workers itself (stoker.Node(workers=...))",
+    "base_seed": "drawn anew each epoch by each rank; the pool seeds per sample",
+    "seeder": "the pool seeds per sample (Options forces seed=\"per_sample\" under a Node)",
+    "shared_memory_share": "a rank's own cap: not sent to the pool (make() clears it)",
+    "stream_states": "a rank's resumed state: not sent to the pool (make() clears it)",
+    "prepare": "spawn's preparation data, made here by make(), not a loader setting",
+    "stdio": "each rank's own output streams, passed beside the hello",
+}
+
+
+def keyed_settings(config) -> tuple:
+    """The settings of `config` that go into the group's key: (name, value) of every field
+    not in NOT_KEYED, in declaration order."""
+    return tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+                 if f.name not in NOT_KEYED)
 
 
 def _hash_passed(h, fd: int) -> None:
