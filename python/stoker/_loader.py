@@ -55,7 +55,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         on_error="raise",
         max_retries=3,
         quarantine_after=2,
-        threads_per_worker=1,
+        threads_per_worker=None,
         hang_timeout=None,
         stall_notice=0.5,
         max_shared_memory="auto",

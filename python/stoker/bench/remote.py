@@ -5,7 +5,7 @@ store is read. Each sample is one 64 KiB object fetched with urllib3 (what boto3
 
 Rows: torch with 2, 8 and 32 workers (a torch worker loads one sample at a time, so only more
 processes hide the latency); stoker with 2 workers and ``threads_per_worker`` 32 and "auto"; stoker
-with the async dataset. Each run is a fresh interpreter: samples/s after the first batch, the
+with the async dataset, with no setting (an async dataset's default: "auto") and with 32. Each run is a fresh interpreter: samples/s after the first batch, the
 first batch, total PSS of the main process and its workers, and their number. Values are
 checked: every sample's bytes are its object's.
 """
@@ -32,6 +32,7 @@ ROWS = (
     ("torch, 32 workers", "torch", 32, None, False),
     ("stoker, 2 workers x 32 threads", "stoker", 2, 32, False),
     ("stoker, 2 workers, threads auto", "stoker", 2, "auto", False),
+    ("stoker, 2 workers, async (no setting)", "stoker", 2, None, True),
     ("stoker, 2 workers, async x 32", "stoker", 2, 32, True),
 )
 

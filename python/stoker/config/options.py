@@ -123,13 +123,13 @@ MAX_THREADS_PER_WORKER = 256
 
 
 def _threads(v):
-    if v == "auto" or (_is_int(v) and 1 <= v <= MAX_THREADS_PER_WORKER):
+    if v is None or v == "auto" or (_is_int(v) and 1 <= v <= MAX_THREADS_PER_WORKER):
         return None
-    return f"must be an int in [1, {MAX_THREADS_PER_WORKER}] or 'auto'"
+    return f"must be None, an int in [1, {MAX_THREADS_PER_WORKER}] or 'auto'"
 
 
 def _text_threads(t):
-    return t if t == "auto" else int(t)
+    return t if t == "auto" else None if t in ("", "none", "None") else int(t)
 
 
 def _str_or_none(v):
@@ -164,10 +164,12 @@ class Options:
     quarantine_after: int = _option(
         2, _int_at_least(1), _text_int,
         "deaths while loading one index that make it poison")
-    threads_per_worker: int | str = _option(
-        1, _threads, _text_threads,
+    threads_per_worker: int | str | None = _option(
+        None, _threads, _text_threads,
         "samples each worker loads at once (threads, or an async dataset's coroutines); "
-        "\"auto\": raised while the worker waits rather than computes")
+        "\"auto\": raised while the worker waits rather than computes; None: 1, and \"auto\" "
+        "for a dataset whose __getitem__ or __getitems__ is an async def",
+        shown='None (1; "auto" if async)')
     hang_timeout: float | None = _option(
         None, _positive_seconds, _text_float,
         "seconds one sample may take before its worker is killed and handled as a death")

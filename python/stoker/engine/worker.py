@@ -80,7 +80,7 @@ class WorkerConfig:
     stdio: tuple | None = None
     # threads_per_worker: a batch's samples loaded at once (engine/inflight.py); "auto" tunes it
     # (a task re-issued after a death comes with protocol.ONE_AT_A_TIME: loaded one by one)
-    threads_per_worker: int | str = 1
+    threads_per_worker: int | str = 1  # (resolved: inflight.threads_for)
 
     @property
     def keeps_rng(self) -> bool:

@@ -47,6 +47,7 @@ from ..engine.events import (
     TaskFailed,
 )
 from ..engine.fetch import ITERABLE, MAP
+from ..engine.inflight import threads_for
 from ..engine.worker import WorkerConfig
 from ..gpu.last_mile import last_mile
 from ..placements.choose import workers_for
@@ -95,6 +96,8 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 self._worker_init_fn, self._world_size, self._rank)
         self._collate_mode = _collate_mode(loader)
         self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
+        # threads_per_worker as it applies to this dataset (unset: "auto" for an async one)
+        self._threads = threads_for(options.threads_per_worker, self._dataset)
         self._discard = 0
         n = self._num_workers
         cls = type(loader).__qualname__
@@ -109,7 +112,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                                   stream_known=self._cursor.can_restart_stream)
         self._stats = IterStats(self._board, self.workers, self._watch,
                                 self._recovery.restarts_by_worker, options.stall_notice,
-                                options.threads_per_worker)
+                                self._threads)
         self._shm_cap = options.shared_memory_cap()
         self._tuner = None
         tune_workers, tune_depth = wanted(options, self._kind == MAP, n)
@@ -170,7 +173,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
             base_seed=self._base_seed, init_fn=self._worker_init_fn, on_error=o.on_error,
             max_retries=o.max_retries, shared_memory_share=self._shm_share,
             shared_seed=self._shared_seed, seeder=self._seeder, stream_states=stream_states,
-            threads_per_worker=o.threads_per_worker)
+            threads_per_worker=self._threads)
 
     @property
     def _workers(self) -> list:

@@ -67,7 +67,8 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
         self._base_seed = self._cursor.base_seed(self._base_seed)
         self._seeder = seeding.seeder_for(options, self._base_seed, 0)
         if options.on_error != "raise" or self._seeder is not None or \
-                options.threads_per_worker != 1 or inflight.is_async(loader.dataset):
+                inflight.threads_for(options.threads_per_worker, loader.dataset) != 1 or \
+                inflight.is_async(loader.dataset):
             self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
         self._discard = 0
         # device: batches copied ahead on a side stream (gpu/); torch's iterator pins.
