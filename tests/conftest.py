@@ -1,19 +1,26 @@
-"""Shared helpers: run a scenario in its own subprocess with a hard time bound."""
+"""Shared fixtures: the suite's temp directory and what each test leaves in it, scenarios
+(support/scenarios.py runs them), fake /proc and cgroup trees."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import multiprocessing.util
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# Running scenarios: support/scenarios.py (imported from here too, as tests have done).
+from support.scenarios import (  # noqa: F401
+    HERE,
+    expect_failure,
+    expect_ok,
+    run_ok,
+    run_scenario,
+    scenario_command,
+    start_running_loader,
+)
 
 # The suite's own temp directory, for it and every process it starts, removed at its end: what a
 # test leaves there is seen by the fixture below, whatever else on the machine uses /tmp (another
@@ -30,41 +37,6 @@ if not os.path.isdir(SESSION_TEMP):
                                   kwargs={"ignore_errors": True}, exitpriority=-101)
 os.environ["TMPDIR"] = SESSION_TEMP
 tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-
-
-def scenario_command(name: str, *args, kwargs: dict | None = None) -> list[str]:
-    """The command line that runs scenario `name` with JSON-able `args` and `kwargs` (for a
-    test that needs the process itself: Popen, its output line by line, a signal)."""
-    return [sys.executable, "-m", "scenarios", name,
-            json.dumps({"args": list(args), "kwargs": kwargs or {}})]
-
-
-def run_scenario(name: str, *args, timeout: float = 60, env: dict | None = None, wrapper=None,
-                 kwargs: dict | None = None):
-    """Runs scenario `name` ("module.function" in ``tests/scenarios/``) with JSON-able `args`
-    in a fresh interpreter (cwd = tests/), returns CompletedProcess. A hang is a failure: the
-    process group is killed at `timeout`."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = HERE + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env["PYTHONFAULTHANDLER"] = "1"
-    # what the scenario puts in the temp directory (its marks folders, say) is removed with it
-    temp = tempfile.mkdtemp(prefix="stoker-scenario-")
-    full_env["TMPDIR"] = temp
-    if env:
-        full_env.update(env)
-    cmd = scenario_command(name, *args, kwargs=kwargs)
-    if wrapper:
-        cmd = wrapper + cmd
-    if os.environ.get("STOKER_TEST_TIMEOUT_S") == "0":
-        timeout = None  # under tests/sanitize_extension.sh: its watch examines a hang
-    try:
-        return subprocess.run(cmd, cwd=HERE, env=full_env, capture_output=True, text=True,
-                              timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"scenario {name} hung for {timeout}s\nstdout:\n{e.stdout}\n"
-                    f"stderr:\n{e.stderr}")
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _stoker_temp_entries() -> set:
@@ -86,20 +58,9 @@ def _leaves_no_temp_folder():
 
 @pytest.fixture
 def scenario():
+    """`run_scenario`, which returns the run however it ended: a test judges it with
+    `expect_ok` or `expect_failure` (support/scenarios.py), or calls `run_ok` instead."""
     return run_scenario
-
-
-def start_running_loader(context=None):
-    """A child process iterating a slow loader (its own session, so a test can signal the group):
-    scenario ``running_loader.slow_epoch``. Returns (Popen, worker pids) once the first batch
-    has arrived."""
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(scenario_command("running_loader.slow_epoch", context),
-                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    line = proc.stdout.readline()
-    assert line.startswith("PIDS"), line + proc.stderr.read()
-    return proc, [int(x) for x in line.split()[1:]]
 
 
 def write_file(path: str, text: str) -> None:

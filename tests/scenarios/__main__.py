@@ -1,7 +1,13 @@
 """``python -m scenarios MODULE.FUNCTION [JSON-ARGS]``: runs one scenario (see ``__init__``).
 
 `JSON-ARGS` is a JSON list of positional arguments, or an object ``{"args": [...], "kwargs":
-{...}}``."""
+{...}}``.
+
+Prints "OK" as the last line of stdout once the scenario's function has returned, and only
+then: an assertion that fails, an error the scenario did not expect, an error it expected that
+never came (``scenarios.expect_raises``) all end the process with a traceback and exit code 1
+before it. Scenarios print no "OK" of their own (``support.scenarios.expect_ok`` reads this
+one)."""
 
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ def main(argv: list[str]) -> None:
             args = given
     module = importlib.import_module(f"scenarios.{module_name}")
     getattr(module, function_name)(*args, **kwargs)
+    # after what the scenario printed (sys.stdout may be a pipe, block-buffered)
+    sys.stdout.flush()
+    print("OK", flush=True)
 
 
 if __name__ == "__main__":
