@@ -7,7 +7,7 @@ DEPS     := $(VENV)/.deps-stamp
 CPPBUILD := build/cpp
 JOBS     ?= 2
 
-PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff mypy==2.4.1
+PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest pytest-timeout hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff mypy==2.4.1
 # The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
 FW_REQS  := tests/requirements-frameworks.txt
 FW_DEPS  := $(VENV)/.frameworks-stamp
@@ -18,7 +18,7 @@ VPY_V    := $(VVENV)/bin/python
 VISION_REQS := tests/requirements-vision.txt
 VISION_DEPS := $(VVENV)/.deps-stamp
 
-.PHONY: all demo soak test test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean
+.PHONY: all demo soak test test-quick test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean
 
 all: install
 
@@ -43,6 +43,11 @@ install: $(DEPS)
 
 test: test-cpp test-py test-vision
 
+# While working: the unit tier (no process started; tests/support/tiers.py), well under a minute
+# once the package is built. `make test` runs every tier (unit, scenario, system), as CI does.
+test-quick: install
+	$(VPY) -m pytest -q -m unit -p no:cacheprovider tests
+
 test-cpp: $(DEPS) sysdeps
 	$(VENV)/bin/cmake -S . -B $(CPPBUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_PYTHON=OFF
 	$(VENV)/bin/cmake --build $(CPPBUILD) -j $(JOBS)
@@ -53,7 +58,7 @@ test-py: install $(FW_DEPS)
 
 $(VISION_DEPS): $(VISION_REQS) pyproject.toml Makefile
 	test -x $(VPY_V) || $(PYTHON) -m venv $(VVENV)
-	$(VPY_V) -m pip install -q -r $(VISION_REQS) "cloudpickle>=3.0,<4" pytest psutil nanobind scikit-build-core cmake ninja
+	$(VPY_V) -m pip install -q -r $(VISION_REQS) "cloudpickle>=3.0,<4" pytest pytest-timeout psutil nanobind scikit-build-core cmake ninja
 	$(VPY_V) -m pip install -q --no-deps mosaicml-streaming==0.13.0
 	touch $@
 

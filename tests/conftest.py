@@ -11,6 +11,9 @@ import tempfile
 
 import pytest
 
+# The tiers (unit, scenario, system) as markers, and the unit tier's guard: support/tiers.py.
+pytest_plugins = ["support.tiers"]
+
 # Running scenarios: support/scenarios.py (imported from here too, as tests have done).
 from support.scenarios import (  # noqa: F401
     HERE,

@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.timeout(700)  # (its run is bounded at 600 s)
 def test_bench_runs_and_reports_both_loaders(tmp_path):
     out = tmp_path / "bench.json"
     p = subprocess.run(
@@ -20,14 +23,41 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
     for wl in ("fields", "tokens"):
         for who in ("torch", "stoker"):
             row = rows[(wl, who)]
-            assert "error" not in row, row
-            assert row["samples_per_s"] > 0 and row["main_cpu_ms_per_batch"] > 0
-            assert row["pss_total_mb"] > 0
-            # the work itself, timed in the same round, bounds every loader
-            assert row["bound_samples_per_s"] > 0 and 0 < row["share_of_bound"] < 1.5
+            assert row["main_cpu_ms_per_batch"] > 0 and row["pss_total_mb"] > 0, row
+            assert row["bound_samples_per_s"] > 0, row
+            # A row the bound check rejected is a verdict on timings (a busy machine can make
+            # one: the bound and the row are timed at different moments), not a failure of
+            # the bench; its number stays in the report. Anything else is a failure.
+            if "error" in row:
+                assert row["error"].startswith("ERROR: measured"), row
+                assert row["measured_samples_per_s"] > 0
+            else:
+                assert row["samples_per_s"] > 0 and row["share_of_bound"] > 0
     assert "vs torch" in p.stdout and "of bound" in p.stdout
 
 
+def test_a_row_faster_than_the_work_itself_is_reported_as_an_error():
+    from stoker.bench import cli
+
+    runs = []
+    for r in range(2):
+        runs.append({"workload": "w", "loader": "bound", "round": r, "bound_samples_per_s": 100.0})
+        for who, rate in (("torch", 50.0), ("stoker", 100.0 * cli.ABOVE_BOUND * 1.1), ("x", 90.0)):
+            runs.append({"workload": "w", "loader": who, "round": r, "workers": 2,
+                         "samples_per_s": rate, "main_cpu_ms_per_batch": 1.0,
+                         "pss_total_mb": 1.0, "pss_single_process_mb": 1.0,
+                         "syscalls_per_batch": 1.0, "time_to_first_batch_s": 0.1,
+                         "batch_bytes": 2**20})
+    table = {row["loader"]: row for row in cli.summarize(runs, ["w"], ["torch", "stoker", "x"])}
+    assert "error" not in table["torch"] and "error" not in table["x"]
+    assert table["x"]["ratio_vs_torch"] == 90.0 / 50.0 and table["x"]["share_of_bound"] == 0.9
+    row = table["stoker"]
+    assert row["error"].startswith("ERROR: measured 126 samples/s, 1.3x the bound"), row
+    assert row["measured_samples_per_s"] == 100.0 * cli.ABOVE_BOUND * 1.1
+    assert row["share_of_bound"] is None and row["ratio_vs_torch"] is None
+
+
+@pytest.mark.timeout(700)  # (its run is bounded at 600 s)
 def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
     from stoker import _system
 

@@ -12,7 +12,6 @@ import math
 import multiprocessing
 import os
 import random
-import signal
 import warnings
 
 import numpy as np
@@ -34,30 +33,12 @@ import compat_datasets as cd
 import stoker
 
 LOADERS = {"torch": DataLoader, "stoker": stoker.DataLoader}
-# 0: no guard. tests/sanitize_extension.sh sets 0, so that a hang under ASan stays a hang for its
-# watch to examine (libasan's own fork deadlock is run again; this guard would fail the test
-# and leave the hung workers to trip the tests after it).
-TEST_TIMEOUT_S = int(os.environ.get("STOKER_TEST_TIMEOUT_S", "120"))
+# A loader that deadlocks fails its test instead of hanging the suite (pytest-timeout; 0 lifts
+# it: tests/sanitize_extension.sh sets 0, so that a hang under ASan stays a hang for its watch to
+# examine, libasan's own fork deadlock included: tests/support/tiers.py).
+TEST_TIMEOUT_S = 120
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT_S)
 TOO_MANY_WORKERS = "ignore:This DataLoader will create"
-
-
-@pytest.fixture(autouse=True)
-def _hang_guard():
-    """Fail a test instead of hanging the whole suite if a loader deadlocks."""
-
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"test exceeded {TEST_TIMEOUT_S}s (loader hang?)")
-
-    if not TEST_TIMEOUT_S:
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(TEST_TIMEOUT_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def _ray_installed() -> bool:
 @pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
                     reason="the Ray tests start their cluster in a loopback-only network "
                            "namespace: they need `unshare` and root")
+@pytest.mark.timeout(1000)  # (the cluster's own bound is 900 s)
 def test_ray_placement_on_a_loopback_cluster():
     # the nodes' --temp-dir folders go here: a short path in /tmp, since Ray's socket paths
     # under it must fit in 107 bytes
