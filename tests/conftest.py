@@ -11,9 +11,6 @@ import tempfile
 
 import pytest
 
-# The tiers (unit, scenario, system) as markers, and the unit tier's guard: support/tiers.py.
-pytest_plugins = ["support.tiers"]
-
 # Running scenarios: support/scenarios.py (imported from here too, as tests have done).
 from support.scenarios import (  # noqa: F401
     HERE,
@@ -24,6 +21,9 @@ from support.scenarios import (  # noqa: F401
     scenario_command,
     start_running_loader,
 )
+
+# The tiers (unit, scenario, system) as markers, and the unit tier's guard: support/tiers.py.
+pytest_plugins = ["support.tiers"]
 
 # The suite's own temp directory, for it and every process it starts, removed at its end: what a
 # test leaves there is seen by the fixture below, whatever else on the machine uses /tmp (another

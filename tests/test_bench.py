@@ -36,6 +36,7 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
     assert "vs torch" in p.stdout and "of bound" in p.stdout
 
 
+@pytest.mark.unit
 def test_a_row_faster_than_the_work_itself_is_reported_as_an_error():
     from stoker.bench import cli
 
@@ -83,6 +84,7 @@ def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
     assert data["skewed"]["node"]["epoch_s"] > 0 and data["skewed"]["node_over_local"] > 0
 
 
+@pytest.mark.unit
 def test_the_bound_collates_into_buffers_it_keeps():
     import torch
 
@@ -97,6 +99,7 @@ def test_the_bound_collates_into_buffers_it_keeps():
     assert b["x"].data_ptr() == a["x"].data_ptr()  # the same buffer, batch after batch
 
 
+@pytest.mark.unit
 def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
     from stoker.bench import autotune
 
@@ -112,6 +115,7 @@ def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
     assert autotune.batches_to_reach(stamps[:20], 2.0 * autotune.BATCH) is None
 
 
+@pytest.mark.unit
 def test_autotune_settings_run_interleaved_in_rotating_order_and_the_median_counts():
     from stoker.bench import autotune
 
@@ -129,6 +133,7 @@ def test_autotune_settings_run_interleaved_in_rotating_order_and_the_median_coun
     assert [r["samples_per_s"] for r in got] == [22, 20, 21]
 
 
+@pytest.mark.unit
 def test_a_row_above_the_bound_of_its_work_is_an_error_not_a_number():
     """A loader timed at several times what the work itself allows on this machine measured
     something else (it once put torchdata.nodes at 57x on `metadata`): the table names it."""

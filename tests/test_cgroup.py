@@ -7,6 +7,8 @@ import pytest
 from conftest import write_file
 from stoker import _system as _cgroup
 
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
+
 
 @pytest.fixture
 def fake_tree(cgroup_tree):

@@ -279,17 +279,20 @@ def test_device_with_pin_memory_copies_from_pinned_slots(gpu):
 
 
 # -- the option -------------------------------------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["cpu", "cuda:x", 3, "gpu"])
 def test_device_must_name_a_cuda_device(bad):
     with pytest.raises(ValueError, match="device"):
         stoker.DataLoader(list(range(8)), device=bad)
 
 
+@pytest.mark.unit
 def test_device_accepts_a_torch_device(gpu):
     ld = loader(device=torch.device("cuda", 0), num_workers=0)
     assert ld.options.device == "cuda:0"
 
 
+@pytest.mark.unit
 def test_device_without_cuda_says_so(monkeypatch):
     monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: None)
     with pytest.raises(RuntimeError, match="needs CUDA"):

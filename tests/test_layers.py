@@ -10,7 +10,11 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
 import stoker
+
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 PACKAGE = os.path.dirname(stoker.__file__)
 

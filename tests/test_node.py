@@ -678,6 +678,7 @@ def test_many_pool_worker_kills_nothing_lost_or_doubled(monkeypatch):
     assert _gone(pool_pid) == []
 
 
+@pytest.mark.unit
 def test_node_option_forms_and_what_it_implies():
     import stoker
     from stoker.config.options import Options

@@ -12,6 +12,8 @@ import pytest
 from stoker.config.options import Options, shared_memory_cap, shared_memory_share
 from stoker.integrations import run
 
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
+
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 

@@ -5,9 +5,13 @@ processes: a placement here is a table of views."""
 
 from __future__ import annotations
 
+import pytest
+
 from stoker.engine.events import EpochBegun
 from stoker.placements.base import Hung, Workers, WorkerView
 from stoker.placements.mixed import Mixed
+
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 
 def _status(state="loading", loading=1.0, idle=0.5):

@@ -27,6 +27,8 @@ import pytest
 from stoker.engine.endpoint import ChannelEndpoint, Endpoint
 from stoker.gpu.runtime import CudaEvent, CudaRuntime
 
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
+
 IMPLEMENTATIONS = [
     ("stoker._stoker:WorkerEndpoint", ChannelEndpoint),  # the local placement's (C++)
     ("stoker.placements.ray.actor:ActorEndpoint", Endpoint),  # a Ray actor's (Python)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 import stoker
 from stoker.iterators.failure import WorkerFailure
 from stoker.placements.ray.room import Room
+
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 
 def test_a_workers_batches_are_bounded_by_its_own_share():

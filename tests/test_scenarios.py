@@ -40,6 +40,7 @@ def test_an_expected_error_that_never_comes_fails_the_scenario():
     run_ok("selftest.expects_an_error_that_comes", timeout=60)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("returncode,stdout", [
     (0, "ECHO 1\n"),             # ended well, but not through the runner's end
     (0, "OK\nPIDS 1 2\n"),       # something printed after the OK
@@ -58,6 +59,7 @@ def test_expect_ok_asks_for_exit_code_0_and_ok_last(returncode, stdout):
     assert expect_ok(subprocess.CompletedProcess(r.args, 0, stdout + "OK\n\n", "")).returncode == 0
 
 
+@pytest.mark.unit
 def test_expect_failure_asks_for_a_nonzero_exit_code_and_each_text():
     r = subprocess.CompletedProcess(["x"], 1, "out: one\n", "err: two\n")
     expect_failure(r, "one", "two")

@@ -7,6 +7,8 @@ import pytest
 
 from stoker.iterators.tasks import NO_BATCH, TaskTable
 
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
+
 
 def _fill(t: TaskTable, n: int) -> list[tuple[int, int]]:
     """Sends up to `n` tasks as the iterator does; (task, worker) of each."""

@@ -60,6 +60,7 @@ def test_deep_collate_fn_output_is_delivered():
     assert_same(theirs, ours)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("depth", [62, 63, 64, 65, 66, 500])
 @pytest.mark.parametrize("mode", ["MODE_AS_IS", "MODE_CONVERT"])
 def test_every_depth_round_trips_through_the_wire(depth, mode):
@@ -232,6 +233,7 @@ def test_exception_whose_str_raises_is_reported():
         assert "raises_unprintable" in text, (loader, text)
 
 
+@pytest.mark.unit
 def test_encode_error_survives_what_it_reports():
     from stoker.engine import protocol as _protocol
 
@@ -266,6 +268,7 @@ def _corrupt(obj, old: bytes, new: bytes) -> bytes:
     return data.replace(old, new)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "obj, old, new",
     [
@@ -281,6 +284,7 @@ def test_corrupt_values_in_a_slot_are_corrupt_batches(obj, old, new):
         _stoker.decode(_corrupt(obj, old, new))
 
 
+@pytest.mark.unit
 def test_nesting_deeper_than_the_limit_in_a_slot_is_corrupt():
     """The decoder keeps its limit: the encoder never writes more than 64 levels."""
     data = bytearray(_stoker.encode([0] * 66, _stoker.MODE_AS_IS))
@@ -296,6 +300,7 @@ def test_nesting_deeper_than_the_limit_in_a_slot_is_corrupt():
 # One source for facts both languages read: the extension exports them from the C++ definitions.
 
 
+@pytest.mark.unit
 def test_status_page_layout_comes_from_the_engine():
     from stoker import top
     from stoker.engine import board as _board
@@ -341,6 +346,7 @@ def test_a_live_status_page_reads_with_the_exported_fields():
     del loader
 
 
+@pytest.mark.unit
 def test_message_types_and_dtypes_come_from_the_engine():
     from stoker.engine import protocol as _protocol
 
@@ -382,6 +388,7 @@ def test_type_stubs_are_shipped_and_current(tmp_path):
             "python -m nanobind.stubgen -q -m stoker._stoker -o python/stoker/_stoker.pyi")
 
 
+@pytest.mark.unit
 def test_a_batch_decoded_in_place_holds_its_buffer_while_views_live():
     """Views built on another owner's buffer (an object store's, for Ray workers) keep the
     buffer exported: its memory cannot be resized or freed under them."""

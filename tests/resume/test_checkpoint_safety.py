@@ -138,6 +138,7 @@ def _resumed(kind, sd):
     return rest + _rows(loader)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_every_state_is_plain_data_and_resumes_exactly(kind):
     sd, want = _saved(kind)
@@ -145,6 +146,7 @@ def test_every_state_is_plain_data_and_resumes_exactly(kind):
     assert _resumed(kind, sd) == want
 
 
+@pytest.mark.unit
 def test_numpy_indices_and_skips_are_stored_as_python_ints():
     loader = stoker.DataLoader(FailsAt({5}, 24), batch_size=4, on_error="skip",
                                sampler=NumpyPermSampler(24, seed=1))
@@ -185,6 +187,7 @@ def test_a_crafted_state_cannot_run_code(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_a_later_state_relabelled_version_1_is_refused():
     """Version 1 had no digest: a later state that says version 1 would skip its check."""
     sd, _ = _saved("map")
@@ -228,6 +231,7 @@ def test_bytes_in_a_state_are_never_unpickled(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.unit
 def test_a_changed_value_in_range_is_refused_by_the_digest():
     """A base seed, an RNG state or a position edited to another valid value would resume
     other data: the state's digest says it is not the one saved."""
@@ -251,6 +255,7 @@ def test_a_state_that_is_not_plain_data_is_refused_when_taken_naming_the_type():
 
 
 # -- the wrong states the issue names ---------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("field,value,match", [
     ("position", -3, "position is -3"),
     ("position", 99, "position is 99 .*at most the 10 batches"),
@@ -267,6 +272,7 @@ def test_a_wrong_field_is_refused_naming_it(field, value, match):
         _map().load_state_dict(dict(sd, **{field: value}))
 
 
+@pytest.mark.unit
 def test_a_missing_or_unknown_field_is_refused_naming_it():
     sd, _ = _saved("map")
     for key in ("epoch", "generators", "loader"):
@@ -277,6 +283,7 @@ def test_a_missing_or_unknown_field_is_refused_naming_it():
         _map().load_state_dict(dict(sd, extra=1))
 
 
+@pytest.mark.unit
 def test_another_ranks_state_is_refused():
     sd, _ = _saved("ranked")
     ds = Augmented(30)
@@ -321,6 +328,7 @@ def _mutate(sd, field, how, pick):
 _STATES = {kind: _saved(kind) for kind in sorted(KINDS)}
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(sorted(KINDS)), field=st.sampled_from(FIELDS),
@@ -369,6 +377,7 @@ def test_a_sampler_with_its_own_state_resumes_mid_epoch_two_and_after():
     assert [as_lists([b]) for b in again] == want_next
 
 
+@pytest.mark.unit
 def test_numpy_states_of_a_sampler_are_plain():
     loader = _own_sampler()
     next(iter(loader))

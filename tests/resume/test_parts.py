@@ -18,6 +18,8 @@ from stoker.resume.cursor import Cursor
 from stoker.resume.position import Delivered
 from stoker.resume.state import VERSION, State
 
+pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
+
 
 def _loader(n=20, **kw):
     return DataLoader(list(range(n)), batch_size=2, shuffle=True,

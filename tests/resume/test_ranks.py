@@ -100,6 +100,7 @@ def test_resized_twice_in_one_epoch_then_back():
     assert [len(g) for g in got4] == [4, 4, 4, 4]
 
 
+@pytest.mark.unit
 def test_the_rest_is_padded_or_cut_as_distributed_sampler_does():
     # 48 samples on 3 ranks; 5 batches of 4 delivered -> 28 left, over 3 ranks: 28 % 3 = 1.
     _, st = run_ranks(rank_loaders(3), [2, 2, 1])
@@ -117,6 +118,7 @@ def test_the_rest_is_padded_or_cut_as_distributed_sampler_does():
     assert len(flat(got)) == 27 and len(set(flat(got))) == 27  # 1 cut, as drop_last does
 
 
+@pytest.mark.unit
 def test_finished_ranks_resume_with_the_next_epoch():
     _, st = run_ranks(rank_loaders(2), [None, None])
     three = rank_loaders(3, epoch=3)
@@ -126,6 +128,7 @@ def test_finished_ranks_resume_with_the_next_epoch():
     assert sorted(flat(got)) == list(range(N))
 
 
+@pytest.mark.unit
 def test_elastic_resume_refusals_say_what_to_do():
     _, st = run_ranks(rank_loaders(3), [1, 1, 1])
     two = rank_loaders(2)

@@ -243,6 +243,7 @@ def test_distributed_sampler_resumes_per_rank_with_its_epoch():
             iter(other)
 
 
+@pytest.mark.unit
 def test_a_state_from_another_loader_is_refused_with_what_differs():
     loader = make(0)
     it = iter(loader)
@@ -259,6 +260,7 @@ def test_a_state_from_another_loader_is_refused_with_what_differs():
         loader.load_state_dict(dict(sd, version=999))
 
 
+@pytest.mark.unit
 def test_skipped_samples_travel_with_the_state():
     from resume_datasets import FailsAt
 
@@ -289,6 +291,7 @@ def test_dcp_saves_and_loads_the_loader_as_a_stateful(tmp_path):
     assert got + as_lists(resumed) == ref[0]
 
 
+@pytest.mark.unit
 def test_state_before_any_iteration_round_trips():
     ref = reference()
     loader = make(0)

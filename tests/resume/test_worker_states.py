@@ -108,6 +108,7 @@ def test_uneven_stateless_streams_resume_exactly_once(batch_size, k, persistent)
     assert [plain(b) for b in again] == ref
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("k", [0, 2, 4])
 def test_a_single_process_stream_resumes_exactly_once(k):
     """num_workers=0, a stream of 9 items in batches of 2: the rest after k batches comes once.
@@ -215,6 +216,7 @@ def test_default_seeding_resumes_bit_identical_with_workers(k):
     assert got == ref
 
 
+@pytest.mark.unit
 def test_default_seeding_in_one_process_draws_from_the_callers_generators():
     """num_workers=0 draws from the process's own generators: a checkpoint that restores them
     (as frameworks do) with the loader's state resumes bit for bit. (A guard: this already
@@ -458,6 +460,7 @@ def test_a_state_taken_before_the_first_iter_gives_that_iteration():
     assert [plain(b) for b in again] == ref
 
 
+@pytest.mark.unit
 def test_a_datasets_state_that_is_the_global_rng_resumes_later_epochs_in_one_process():
     """num_workers=0, a dataset whose state is torch's global RNG, shuffle from that RNG: two
     epochs, a state, two more from a new loader are the uninterrupted run's four (the

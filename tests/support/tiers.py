@@ -26,7 +26,6 @@ import pytest
 SYSTEM = (
     "test_frameworks.py",
     "test_ray.py",
-    "test_ray_room.py",
     "test_bench.py",
     "test_soak.py",
     "test_demo.py",
