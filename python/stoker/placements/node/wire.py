@@ -124,7 +124,7 @@ def send(sock: socket.socket, message, fds=()) -> None:
 def recv(sock: socket.socket):
     """The next message and the descriptors that came with it (now the caller's), or None at
     the end of the connection. OSError when the connection broke."""
-    data, fds, flags, _ = socket.recv_fds(sock, _RECV_MAX, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    data, fds, flags = _recv_fds(sock)
     if not data:
         for fd in fds:
             os.close(fd)
@@ -142,6 +142,19 @@ def recv(sock: socket.socket):
             os.close(memfd)
         return pickle.loads(payload), fds
     return pickle.loads(data[1:]), list(fds)
+
+
+def _recv_fds(sock: socket.socket) -> tuple[bytes, list, int]:
+    """(data, descriptors, flags) of one message, the descriptors close-on-exec: recvmsg itself,
+    since socket.recv_fds drops its flags argument (CPython gh-107898: MSG_CMSG_CLOEXEC was
+    ignored, and what a rank or the pool received leaked into every program they exec)."""
+    fds = array.array("i")
+    data, ancillary, flags, _ = sock.recvmsg(_RECV_MAX, socket.CMSG_LEN(_MAX_FDS * fds.itemsize),
+                                             socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), flags
 
 
 def close_all(fds) -> None:
