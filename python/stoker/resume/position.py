@@ -164,6 +164,6 @@ def _from_legacy(point: ResumePoint, old: dict) -> None:
                                 r.get("yielded", 0), r.get("finished", False)),
             streams=Streams(dict(r.get("worker_states", {})), r.get("last_worker")))
     pending = old.get("pending")
-    if pending is not None:
-        point.pending = State(loader={}, **{k: pending.get(k, getattr(State, k, None))
-                                            for k in State.POSITION})
+    if pending is not None:  # (what it lacks takes State's defaults: sampler_states a dict)
+        point.pending = State(loader={}, **{k: pending[k] for k in State.POSITION
+                                            if k in pending})
