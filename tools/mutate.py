@@ -68,6 +68,8 @@ SETUP_CFG = """\
 # Written by tools/mutate.py: edit it there.
 [mutmut]
 source_paths = src
+also_copy =
+{also}
 only_mutate =
 {only}
 pytest_add_cli_args_test_selection =
@@ -119,6 +121,7 @@ def stage(modules) -> None:
     with open(os.path.join(STAGE, "setup.cfg"), "w") as f:
         f.write(SETUP_CFG.format(
             only="\n".join(indent + "src/stoker/" + m for m in modules),
+            also="\n".join(indent + a for a in ALSO_STAGED),
             tests="\n".join(indent + t for t in FAST_TESTS)))
 
 
