@@ -4,32 +4,29 @@ The scenarios run in a fresh interpreter each: tests/scenarios/hangs_and_errors.
 
 from __future__ import annotations
 
-
-def test_timeout_raises_worker_hung_with_stack_and_index(scenario):
-    r = scenario("hangs_and_errors.timeout_raises_worker_hung", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+from support.scenarios import run_ok
 
 
-def test_hang_timeout_kills_restarts_and_then_quarantines(scenario):
-    r = scenario("hangs_and_errors.hang_timeout_quarantines", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_timeout_raises_worker_hung_with_stack_and_index():
+    run_ok("hangs_and_errors.timeout_raises_worker_hung", timeout=60)
+
+
+def test_hang_timeout_kills_restarts_and_then_quarantines():
+    r = run_ok("hangs_and_errors.hang_timeout_quarantines", timeout=60)
     assert "_wait_forever" in r.stderr or "hung for" in r.stderr, r.stderr
 
 
-def test_on_error_skip_drops_the_sample_and_records_it(scenario):
-    r = scenario("hangs_and_errors.skip_drops_the_sample")
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_on_error_skip_drops_the_sample_and_records_it():
+    r = run_ok("hangs_and_errors.skip_drops_the_sample")
     assert r.stderr.count("skipped dataset index 13") == 1, r.stderr
 
 
-def test_on_error_skip_in_process(scenario):
-    r = scenario("hangs_and_errors.skip_in_process")
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_on_error_skip_in_process():
+    run_ok("hangs_and_errors.skip_in_process")
 
 
-def test_on_error_retry_recovers_transient_errors(scenario):
-    r = scenario("hangs_and_errors.retry_recovers_transient_errors")
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_on_error_retry_recovers_transient_errors():
+    run_ok("hangs_and_errors.retry_recovers_transient_errors")
 
 
 def test_policies_are_validated():
@@ -44,6 +41,5 @@ def test_policies_are_validated():
             stoker.DataLoader(Squares(), **kwargs)
 
 
-def test_retry_on_a_failing_stream_raises_instead_of_ending_early(scenario):
-    r = scenario("hangs_and_errors.retry_on_a_failing_stream_raises", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_retry_on_a_failing_stream_raises_instead_of_ending_early():
+    run_ok("hangs_and_errors.retry_on_a_failing_stream_raises", timeout=60)

@@ -9,8 +9,8 @@ import os
 import signal
 import time
 
-from conftest import start_running_loader
 from scenarios.probes import alive
+from support.scenarios import run_ok, start_running_loader
 
 
 def test_ctrl_c_gives_one_keyboard_interrupt_and_silent_workers():
@@ -46,32 +46,26 @@ def test_parent_killed_takes_workers_within_a_second():
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_low_fd_limit_with_many_held_batches(scenario):
-    r = scenario("lifecycle.low_fd_limit_with_held_batches", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_low_fd_limit_with_many_held_batches():
+    run_ok("lifecycle.low_fd_limit_with_held_batches", timeout=120)
 
 
-def test_create_iterate_destroy_cycles_leak_nothing(scenario):
-    r = scenario("lifecycle.create_iterate_destroy_cycles", timeout=600)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_create_iterate_destroy_cycles_leak_nothing():
+    run_ok("lifecycle.create_iterate_destroy_cycles", timeout=600)
 
 
-def test_spawn_with_an_unpicklable_dataset_names_the_attribute(scenario):
-    r = scenario("lifecycle.spawn_with_unpicklable_dataset", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_spawn_with_an_unpicklable_dataset_names_the_attribute():
+    run_ok("lifecycle.spawn_with_unpicklable_dataset", timeout=60)
 
 
-def test_fork_with_cuda_initialised_switches_to_forkserver(scenario):
-    r = scenario("lifecycle.fork_with_cuda_initialised", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_fork_with_cuda_initialised_switches_to_forkserver():
+    run_ok("lifecycle.fork_with_cuda_initialised", timeout=60)
 
 
-def test_workers_ignore_sigint_and_close_inherited_descriptors(scenario):
-    r = scenario("lifecycle.workers_ignore_sigint_and_close_inherited_fds", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_workers_ignore_sigint_and_close_inherited_descriptors():
+    run_ok("lifecycle.workers_ignore_sigint_and_close_inherited_fds", timeout=60)
 
 
-def test_worker_that_cannot_start_is_reported_once_not_restarted(scenario):
-    r = scenario("lifecycle.worker_that_cannot_start", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_worker_that_cannot_start_is_reported_once_not_restarted():
+    r = run_ok("lifecycle.worker_that_cannot_start", timeout=120)
     assert "restarted it" not in r.stderr, r.stderr

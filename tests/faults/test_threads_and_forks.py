@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from support.scenarios import run_ok
+
 
 # The child forked from a process with a live iterator and a held batch reports what it still
 # maps and holds; the parent then finishes the epoch holding every batch and checks them all.
 @pytest.mark.parametrize("garbage", [False, True], ids=["held", "cyclic-garbage"])
-def test_forked_child_frees_no_slot_and_keeps_no_engine_resource(scenario, garbage):
-    r = scenario("threads_and_forks.forked_child_frees_nothing", garbage, timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_forked_child_frees_no_slot_and_keeps_no_engine_resource(garbage):
+    r = run_ok("threads_and_forks.forked_child_frees_nothing", garbage, timeout=120)
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " slots=" in line)
     # Right after the fork the child maps only the held batch's slot, holds no engine fd...
     assert lines["before"] == "slots=1 engine_fds=[]", r.stdout
@@ -22,14 +23,12 @@ def test_forked_child_frees_no_slot_and_keeps_no_engine_resource(scenario, garba
     assert lines["after"] == "slots=0 engine_fds=[]", r.stdout
 
 
-def test_workers_started_from_a_thread_outlive_it(scenario):
-    r = scenario("threads_and_forks.workers_outlive_their_thread", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_workers_started_from_a_thread_outlive_it():
+    run_ok("threads_and_forks.workers_outlive_their_thread", timeout=120)
 
 
-def test_no_sequence_of_forks_gc_and_restarts_loses_or_repeats_a_sample(scenario):
+def test_no_sequence_of_forks_gc_and_restarts_loses_or_repeats_a_sample():
     # Batches held in cyclic garbage, an exception kept in a local, a helper process forked every
     # 10 batches that collects garbage, workers killed and restarted (by fork, so each new worker
     # inherits every live lease), and a garbage collector that runs all the time.
-    r = scenario("threads_and_forks.forks_gc_and_restarts_keep_every_sample", timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("threads_and_forks.forks_gc_and_restarts_keep_every_sample", timeout=180)

@@ -9,6 +9,7 @@ import time
 
 import stoker
 from scenario_datasets import FlakyAt, HangsAt, RaisesAt, RaisesInStream
+from scenarios import expect_raises
 from scenarios.probes import children, labels
 
 
@@ -16,19 +17,18 @@ def timeout_raises_worker_hung():
     """`timeout` raises WorkerHung within seconds, with the index, the worker and its stack."""
     loader = stoker.DataLoader(HangsAt(9), batch_size=2, num_workers=2, timeout=2)
     t = time.monotonic()
-    try:
+    with expect_raises(stoker.WorkerHung) as raised:
         list(loader)
-    except stoker.WorkerHung as e:
-        took = time.monotonic() - t
-        msg = str(e)
-        assert isinstance(e, RuntimeError)
-        assert msg.startswith("DataLoader timed out after 2 seconds"), msg
-        assert e.index == 9 and e.worker_id == 0 and e.pid, (e.index, e.worker_id, e.pid)
-        assert "_wait_forever" in e.stack and "scenario_datasets.py" in e.stack, e.stack
-        assert "dataset index 9" in msg and "_wait_forever" in msg, msg
-        assert took < 10, took
-        print("OK")
-    del loader
+    took = time.monotonic() - t
+    e = raised.value
+    msg = str(e)
+    assert isinstance(e, RuntimeError)
+    assert msg.startswith("DataLoader timed out after 2 seconds"), msg
+    assert e.index == 9 and e.worker_id == 0 and e.pid, (e.index, e.worker_id, e.pid)
+    assert "_wait_forever" in e.stack and "scenario_datasets.py" in e.stack, e.stack
+    assert "dataset index 9" in msg and "_wait_forever" in msg, msg
+    assert took < 10, took
+    del loader, e, raised
     gc.collect()
     assert not children(), children()
 
@@ -42,7 +42,6 @@ def hang_timeout_quarantines():
     assert len(loader.deaths) == 2 and all(d.index == 9 for d in loader.deaths), loader.deaths
     assert "hung for" in loader.deaths[0].cause, loader.deaths[0].cause
     assert [s.index for s in loader.skipped] == [9]
-    print("OK")
 
 
 def skip_drops_the_sample():
@@ -53,7 +52,6 @@ def skip_drops_the_sample():
     assert [len(b[1]) for b in got].count(3) == 1
     (rec,) = loader.skipped
     assert rec.index == 13 and "ValueError" in rec.reason and rec.epoch == 1, rec
-    print("OK")
 
 
 def skip_in_process():
@@ -62,7 +60,6 @@ def skip_in_process():
     got = list(loader)
     assert labels(got) == [i for i in range(64) if i != 13]
     assert [s.index for s in loader.skipped] == [13]
-    print("OK")
 
 
 def retry_recovers_transient_errors():
@@ -74,18 +71,15 @@ def retry_recovers_transient_errors():
     marks = tempfile.mkdtemp()
     loader = stoker.DataLoader(FlakyAt(13, marks, times=5), batch_size=4, num_workers=2,
                                on_error="retry", max_retries=3)
-    try:
+    with expect_raises(OSError) as raised:
         list(loader)
-    except OSError as e:
-        assert "transient read error on sample 13" in str(e) and "dataset index 13" in str(e)
-        print("OK")
+    msg = str(raised.value)
+    assert "transient read error on sample 13" in msg and "dataset index 13" in msg, msg
 
 
 def retry_on_a_failing_stream_raises():
     """on_error="retry" on an iterable dataset that breaks raises instead of ending early."""
     loader = stoker.DataLoader(RaisesInStream(), batch_size=2, num_workers=1, on_error="retry")
-    try:
+    with expect_raises(ValueError) as raised:
         list(loader)
-    except ValueError as e:
-        assert "stream broke at element 3" in str(e), e
-        print("OK")
+    assert "stream broke at element 3" in str(raised.value), raised.value

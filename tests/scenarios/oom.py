@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stoker
 from scenario_datasets import Hog
+from scenarios import expect_raises
 from scenarios.probes import children
 
 
@@ -12,12 +13,11 @@ def oom_kill_is_named():
     """A worker the cgroup's OOM killer kills is named so, with its index and what to change."""
     loader = stoker.DataLoader(Hog(5, mb=2048, n=16), batch_size=2, num_workers=2,
                                on_worker_death="raise")
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert e.signal == "SIGKILL", e.signal
-        assert "out-of-memory killer" in msg and "memory limit" in msg, msg
-        assert "dataset index 5" in msg and "lower num_workers" in msg, msg
-        print("OK")
+    e = raised.value
+    msg = str(e)
+    assert e.signal == "SIGKILL", e.signal
+    assert "out-of-memory killer" in msg and "memory limit" in msg, msg
+    assert "dataset index 5" in msg and "lower num_workers" in msg, msg
     assert not children(), children()

@@ -11,6 +11,7 @@ import tempfile
 
 import stoker
 from scenario_datasets import DieAtStart, DiesWhileStarting, RaisesWhileStarting, Squares
+from scenarios import expect_raises
 from scenarios.probes import children, labels
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSEGV": signal.SIGSEGV}
@@ -57,25 +58,20 @@ def killed_at_start_is_restarted(context: str, sig: str, persistent: bool = Fals
         assert all("while starting" in str(d) for d in deaths), [str(d) for d in deaths]
     del loader
     assert not left(), left()
-    print("OK")
 
 
 def killed_at_every_start_names_the_history(context: str):
     """A worker that is killed at every start: restarted until max_restarts is spent, then
     WorkerCrashed with every death of the epoch."""
     loader = _loader(context, "SIGKILL", None, max_restarts=3)
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
-        assert msg.count("SIGKILL") >= 4, msg
-        if context != "fork":
-            assert msg.count("while starting") >= 4, msg
-        assert len(loader.deaths) == 4, loader.deaths
-        print("OK")
-    else:
-        raise AssertionError("no WorkerCrashed")
+    msg = str(raised.value)
+    assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
+    assert msg.count("SIGKILL") >= 4, msg
+    if context != "fork":
+        assert msg.count("while starting") >= 4, msg
+    assert len(loader.deaths) == 4, loader.deaths
     assert not left(), left()
 
 
@@ -83,16 +79,12 @@ def raise_policy_names_a_start_up_kill(context: str):
     """on_worker_death="raise": a worker killed while starting ends the run, named as killed
     while starting (not blamed on pickling)."""
     loader = _loader(context, "SIGKILL", 1, on_worker_death="raise")
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert "SIGKILL" in msg and "pickl" not in msg, msg
-        if context != "fork":
-            assert "while starting" in msg, msg
-        print("OK")
-    else:
-        raise AssertionError("no WorkerCrashed")
+    msg = str(raised.value)
+    assert "SIGKILL" in msg and "pickl" not in msg, msg
+    if context != "fork":
+        assert "while starting" in msg, msg
     assert not left(), left()
 
 
@@ -101,14 +93,11 @@ def start_up_that_raises_ends_at_once():
     death, with the traceback on stderr and no restart, whatever the budget."""
     loader = stoker.DataLoader(RaisesWhileStarting(16), batch_size=4, num_workers=2,
                                multiprocessing_context="spawn", max_restarts=50)
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        assert "while starting" in str(e) and e.exit_code not in (None, 0), str(e)
-        assert len(loader.deaths) == 1, loader.deaths
-        print("OK")
-    else:
-        raise AssertionError("no WorkerCrashed")
+    e = raised.value
+    assert "while starting" in str(e) and e.exit_code not in (None, 0), str(e)
+    assert len(loader.deaths) == 1, loader.deaths
     assert not left(), left()
 
 
@@ -121,14 +110,11 @@ def init_fn_that_raises_ends_at_once():
     or not."""
     loader = stoker.DataLoader(Squares(16), batch_size=4, num_workers=2,
                                worker_init_fn=_raising_init, max_restarts=50)
-    try:
+    # torch raises the worker's exception type, with its traceback
+    with expect_raises(Exception) as raised:
         list(loader)
-    except Exception as e:  # torch raises the worker's exception type, with its traceback
-        text = f"{type(e).__name__}: {e}"
-        assert "no credentials for s3://bucket/shards" in text, text
-        assert "_raising_init" in text, text  # the worker's traceback
-        assert not loader.deaths, loader.deaths
-        print("OK")
-    else:
-        raise AssertionError("no exception")
+    text = f"{type(raised.value).__name__}: {raised.value}"
+    assert "no credentials for s3://bucket/shards" in text, text
+    assert "_raising_init" in text, text  # the worker's traceback
+    assert not loader.deaths, loader.deaths
     assert not left(), left()

@@ -89,7 +89,6 @@ def forked_child_frees_nothing(garbage: bool):
     for x, y in kept:
         assert x.flatten(1)[:, 0].tolist() == [float(i) for i in y.tolist()], y.tolist()
     assert sorted(seen) == list(range(n)), "samples lost or duplicated"
-    print("OK")
 
 
 def workers_outlive_their_thread():
@@ -109,7 +108,6 @@ def workers_outlive_their_thread():
     assert sorted(second) == list(range(64)), second
     assert [p.pid for p in loader._iterator._workers] == pids, "workers were restarted"
     assert all(alive(p) for p in pids), [alive(p) for p in pids]
-    print("OK")
 
 
 def forks_gc_and_restarts_keep_every_sample():
@@ -144,4 +142,3 @@ def forks_gc_and_restarts_keep_every_sample():
         assert x.flatten(1)[:, 0].tolist() == [float(v) for v in y.tolist()], y.tolist()
     assert sorted(seen) == list(range(200)), "samples lost or duplicated"
     assert len(loader.deaths) == 5, loader.deaths
-    print("OK")

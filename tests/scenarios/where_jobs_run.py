@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, Sampler
 
 import stoker
 from scenario_datasets import Keyed, KillsOnceAt, KillsSelfAt, Slow, Squares
+from scenarios import expect_raises
 from scenarios.probes import labels
 
 
@@ -101,12 +102,12 @@ def stats_from_another_thread():
     t.join()
     assert not errors, errors[:3]
     assert calls[0] > 50, calls
-    print("OK")
 
 
 def worker_output_reaches_redirected_stdout(out: str):
     """With stdout redirected to the file `out`, workers' prints reach it; the end of an epoch and
     an iterator dropped mid-epoch print nothing on stderr (which ends with "DONE")."""
+    runners = os.dup(1)  # the stdout the runner prints "OK" on, given back at the end
     sys.stdout = open(out, "w")
     os.dup2(sys.stdout.fileno(), 1)
     list(stoker.DataLoader(Prints("sample"), batch_size=2, num_workers=2))
@@ -115,6 +116,10 @@ def worker_output_reaches_redirected_stdout(out: str):
     del it
     gc.collect()
     sys.stderr.write("DONE\n")
+    sys.stdout.close()
+    os.dup2(runners, 1)
+    os.close(runners)
+    sys.stdout = sys.__stdout__
 
 
 def users_gc_freeze_is_kept():
@@ -129,7 +134,6 @@ def users_gc_freeze_is_kept():
         assert labels(got) == list(range(16))
         # (objects freed since leave the frozen generation: a few hundred, not all of them)
         assert gc.get_freeze_count() > frozen * 0.9, (ctx, frozen, gc.get_freeze_count())
-    print("OK")
 
 
 def sigstopped_idle_worker_restarted():
@@ -146,7 +150,6 @@ def sigstopped_idle_worker_restarted():
     assert time.monotonic() - t < 30
     d = loader.deaths[-1]
     assert d.worker_id == 1 and "did not take its queued work" in d.cause, d
-    print("OK")
 
 
 def sigstopped_worker_named_without_hang_timeout():
@@ -171,13 +174,13 @@ def sigstopped_worker_named_without_hang_timeout():
     th = threading.Thread(target=watch)
     th.start()
     try:
-        list(loader)
-    except stoker.WorkerHung as e:
-        assert "stopped (state T" in str(e), str(e)
+        with expect_raises(stoker.WorkerHung) as raised:
+            list(loader)
+    finally:
         th.join()
-        assert seen and "stopped" in seen[0], seen
         os.kill(victim, signal.SIGCONT)
-        print("OK")
+    assert "stopped (state T" in str(raised.value), str(raised.value)
+    assert seen and "stopped" in seen[0], seen
 
 
 def forking_with_other_threads_warns_once():
@@ -197,7 +200,6 @@ def forking_with_other_threads_warns_once():
                                multiprocessing_context="forkserver"))
     assert not [x for x in w if "other threads" in str(x.message)]
     ev.set()
-    print("OK")
 
 
 def quarantine_names_numpy_indices():
@@ -208,7 +210,6 @@ def quarantine_names_numpy_indices():
     assert labels(got) == [i for i in range(32) if i != 9], labels(got)
     assert [int(s.index) for s in loader.skipped] == [9], loader.skipped
     assert len(loader.deaths) == 2
-    print("OK")
 
 
 def quarantine_counts_per_epoch():
@@ -221,7 +222,6 @@ def quarantine_counts_per_epoch():
     os.makedirs(marks)
     assert labels(list(loader)) == list(range(16))
     assert len(loader.deaths) == 2 and not loader.skipped and not loader.stats()["quarantined"]
-    print("OK")
 
 
 def typing_alias_workers_and_pickle_warning():
@@ -235,15 +235,12 @@ def typing_alias_workers_and_pickle_warning():
     list(it)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        try:
+        with expect_raises(Exception, match="worker_init_fn"):
             list(stoker.DataLoader(Squares(8), batch_size=2, num_workers=1,
                                    worker_init_fn=_unpicklable_init,
                                    multiprocessing_context="forkserver"))
-        except Exception as e:
-            assert "worker_init_fn" in str(e), str(e)
     msgs = [str(x.message) for x in w if "pickle error" in str(x.message)]
     assert len(msgs) == 1, [str(x.message) for x in w]
-    print("OK")
 
 
 def quarantine_names_str_indices():
@@ -254,7 +251,6 @@ def quarantine_names_str_indices():
     assert labels(got) == [i for i in range(32) if i != 9], labels(got)
     assert [s.index for s in loader.skipped] == ["k9"], loader.skipped
     assert [d.index for d in loader.deaths] == ["k9", "k9"], loader.deaths
-    print("OK")
 
 
 def slow_start_up_is_not_a_hang():
@@ -263,7 +259,6 @@ def slow_start_up_is_not_a_hang():
                                worker_init_fn=_sleep_six_seconds)
     assert labels(list(loader)) == list(range(16))
     assert not loader.deaths, loader.deaths
-    print("OK")
 
 
 def pause_in_the_loop_is_not_a_hang():
@@ -280,4 +275,3 @@ def pause_in_the_loop_is_not_a_hang():
         assert labels(got) == list(range(32)), labels(got)
         time.sleep(3)
     assert not loader.deaths, loader.deaths
-    print("OK")

@@ -14,6 +14,7 @@ import torch
 
 import stoker
 from scenario_datasets import KillsOnceAt, KillsSelfAt, Slow, Squares
+from scenarios import expect_raises
 from scenarios.probes import children, labels
 
 
@@ -43,7 +44,6 @@ def repeated_sigkill():
                                  generator=torch.Generator().manual_seed(0)))
     assert [b[1].tolist() for b in got] == [b[1].tolist() for b in ref]
     assert not children(), children()
-    print("OK")
 
 
 def external_sigkill_over_epochs():
@@ -62,22 +62,20 @@ def external_sigkill_over_epochs():
     del loader, it, b
     gc.collect()
     assert not children(), children()
-    print("OK")
 
 
 def segfault_raises():
     """A segfault under on_worker_death="raise" names the signal, the index and the worker's stack."""
     loader = stoker.DataLoader(KillsSelfAt(21, signal.SIGSEGV), batch_size=4, num_workers=2,
                                on_worker_death="raise")
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
-        assert "dataset index 21" in msg, msg
-        assert "Segmentation fault" in msg and "__getitem__" in msg, msg   # faulthandler's stack
-        assert "scenario_datasets.py" in msg, msg
-        print("OK")
+    e = raised.value
+    msg = str(e)
+    assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
+    assert "dataset index 21" in msg, msg
+    assert "Segmentation fault" in msg and "__getitem__" in msg, msg   # faulthandler's stack
+    assert "scenario_datasets.py" in msg, msg
     assert not children(), children()
 
 
@@ -94,18 +92,16 @@ def segfault_quarantined():
     got = list(loader)
     assert labels(got) == [i for i in range(64) if i != 21]
     assert len(loader.deaths) == 2 and len(loader.skipped) == 1
-    print("OK")
 
 
 def poison_sample_raises():
     """Without on_error="skip" a poison sample raises, naming it and the option that skips it."""
     loader = stoker.DataLoader(KillsSelfAt(5, signal.SIGKILL), batch_size=2, num_workers=2)
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        assert e.indices == [5], e.indices
-        assert "quarantined as poison" in str(e) and "on_error='skip'" in str(e), str(e)
-        print("OK")
+    e = raised.value
+    assert e.indices == [5], e.indices
+    assert "quarantined as poison" in str(e) and "on_error='skip'" in str(e), str(e)
 
 
 def restart_budget_raises():
@@ -113,13 +109,11 @@ def restart_budget_raises():
     marks = tempfile.mkdtemp()
     ds = KillsOnceAt(bad=range(0, 64, 4), marks=marks, n=64)
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, max_restarts=3)
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
-        assert msg.count("SIGKILL") >= 4, msg
-        print("OK")
+    msg = str(raised.value)
+    assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
+    assert msg.count("SIGKILL") >= 4, msg
     assert not children(), children()
 
 
@@ -127,13 +121,12 @@ def exit_code_names_stderr():
     """A worker's sys.exit(4) is named with its code, its last stderr line and the index."""
     loader = stoker.DataLoader(SaysGoodbye(), batch_size=2, num_workers=2,
                                on_worker_death="raise")
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(loader)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert e.exit_code == 4 and e.signal is None
-        assert "exited with code 4" in msg and "quota exceeded" in msg and "dataset index 7" in msg, msg
-        print("OK")
+    e = raised.value
+    msg = str(e)
+    assert e.exit_code == 4 and e.signal is None, (e.exit_code, e.signal)
+    assert "exited with code 4" in msg and "quota exceeded" in msg and "dataset index 7" in msg, msg
 
 
 def last_task_quarantined():
@@ -142,7 +135,6 @@ def last_task_quarantined():
                                on_error="skip")
     assert labels(list(loader)) == [0, 1, 2]
     assert [s.index for s in loader.skipped] == [3]
-    print("OK")
 
 
 def persistent_worker_killed_between_epochs():
@@ -156,4 +148,3 @@ def persistent_worker_killed_between_epochs():
     next(it)                      # break out with work in flight ...
     os.kill(loader.stats()["workers"][1]["pid"], signal.SIGKILL)
     assert labels(list(loader)) == list(range(16))   # ... the next epoch still starts
-    print("OK")
