@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from stoker.integrations import children, enable, on_torch_import
+from support.scenarios import run_ok
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CALLS: list = []
@@ -98,33 +99,30 @@ def test_sitecustomize_names_what_children_py_and_enable_py_define():
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_children_enable_once_they_import_torch_and_only_then(scenario, method):
-    r = scenario("enable_children.children_of_an_enabled_process", method, timeout=240)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+def test_children_enable_once_they_import_torch_and_only_then(method):
+    run_ok("enable_children.children_of_an_enabled_process", method, timeout=240)
 
 
-def test_a_child_that_cannot_find_stoker_starts_as_it_would_have(scenario, tmp_path):
+def test_a_child_that_cannot_find_stoker_starts_as_it_would_have(tmp_path):
     python = tmp_path / "python-without-path"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -E -S \"$@\"\n")
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    r = scenario("enable_children.child_that_cannot_find_stoker", str(python), timeout=240)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    r = run_ok("enable_children.child_that_cannot_find_stoker", str(python), timeout=240)
     assert "stoker:" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("look_first", [False, True])
-def test_a_process_started_under_stoker_run_enables_once_it_imports_torch(scenario, look_first):
+def test_a_process_started_under_stoker_run_enables_once_it_imports_torch(look_first):
     env = {"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
     children.reach_reruns(env, '{"on_error": "skip"}')  # what `stoker run` does to its own
     assert env["PYTHONPATH"].split(os.pathsep)[0] == children.SITE
-    r = scenario("enable_children.started_under_stoker_run", look_first, env=env, timeout=120)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("enable_children.started_under_stoker_run", look_first, env=env, timeout=120)
 
 
-def test_a_process_started_under_stoker_run_with_bad_options_still_imports_torch(scenario):
+def test_a_process_started_under_stoker_run_with_bad_options_still_imports_torch():
     env = {"PYTHONPATH": os.pathsep.join([children.SITE, HERE, os.environ.get("PYTHONPATH", "")]),
            children.ENV: "on_error=skip"}
-    r = scenario("selftest.echo", 1, env=env, timeout=60)  # imports scenario_datasets -> torch
-    assert r.returncode == 0 and "ECHO 1 0" in r.stdout, r.stdout + r.stderr
+    r = run_ok("selftest.echo", 1, env=env, timeout=60)  # imports scenario_datasets -> torch
+    assert "ECHO 1 0" in r.stdout, r.stdout + r.stderr
     assert "STOKER_ENABLE='on_error=skip' is not the JSON object of options" in r.stderr, r.stderr
 

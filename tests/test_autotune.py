@@ -17,6 +17,7 @@ from stoker import _system as _cgroup
 from stoker.autotune import measure as _measure
 from stoker.autotune import tuner as _autotune
 from stoker.placements.base import WorkerView
+from support.scenarios import run_ok
 
 GiB = 1 << 30
 
@@ -120,20 +121,25 @@ def test_four_ranks_under_auto_start_their_share_of_the_machine_between_them(tmp
     between them they start no more workers than the machine has CPUs (one each at least),
     where each used to start half the machine and climb to all of it."""
     import json
+    import signal
     import subprocess
 
-    from conftest import HERE, scenario_command
+    from support.scenarios import HERE, completed, expect_ok, scenario_command, scenario_env
 
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHERS}
-    env.update(PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               LOCAL_WORLD_SIZE="4", WORLD_SIZE="4")
+    env = {k: v for k, v in scenario_env().items() if k not in _LAUNCHERS}
+    env.update(LOCAL_WORLD_SIZE="4", WORLD_SIZE="4")
     procs = [subprocess.Popen(
         scenario_command("autotune.a_rank_under_auto", str(tmp_path / f"rank{r}")), cwd=HERE,
-        env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stderr=subprocess.PIPE, text=True)
+        env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
         for r in range(4)]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    try:
+        for p in procs:
+            expect_ok(completed(p, *p.communicate(timeout=120)))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
     reps = [json.loads((tmp_path / f"rank{r}").read_text()) for r in range(4)]
     cpus = _cgroup.node_cpus()
     assert all(r["started"] <= r["num_workers"] == r["rank_cpus"] for r in reps), reps
@@ -378,13 +384,12 @@ def test_changing_the_count_every_window_keeps_samples_order_and_values(monkeypa
     ([1, 3, 2], None),  # the worker count only
     ([[1, 8], [3, 1], [2, 5], [3, 2], [1, 1]], "auto"),  # the count and the depth
 ], ids=["[1, 3, 2]-None", "[(1, 8), (3, 1), (2, 5), (3, 2), (1, 1)]-auto"])
-def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(scenario, steps, depth):
+def test_deaths_while_the_tuner_changes_its_mind_are_survived_in_order(steps, depth):
     """Workers SIGKILLed (once each, on indices 5, 37 and 90) while a scripted tuner changes the
     count (and the depth) at every window, persistent workers over two epochs: every index once,
     in the sampler's order, three deaths, no worker left behind."""
-    r = scenario("autotune.deaths_while_the_tuner_changes_its_mind", steps, depth,
-                 timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("autotune.deaths_while_the_tuner_changes_its_mind", steps, depth,
+           timeout=120)
 
 
 # -- prefetch_factor="auto": the depth -------------------------------------------------------------

@@ -28,10 +28,10 @@ import pytest
 import torch
 
 import stoker
-from conftest import run_scenario
 from scenario_datasets import Squares
 from scenarios.per_worker import Rows
 from stoker import _by_value, _main_script
+from support.scenarios import run_ok
 
 PICKLED = ["spawn", "forkserver"]
 
@@ -563,9 +563,8 @@ def test_a_lance_dataset_read_from_forked_workers(tmp_path):
     read from forked workers through stoker.per_worker: each worker's own handle, every row, no
     hang (the scenario's time bound)."""
     pytest.importorskip("lance")
-    r = run_scenario("per_worker.read_under_fork", str(tmp_path / "rows.lance"), timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    r = run_ok("per_worker.read_under_fork", str(tmp_path / "rows.lance"), timeout=120)
+    out = json.loads(r.stdout.strip().splitlines()[-2])  # the line before the runner's OK
     assert out["first"] == [21, out["main"], out["main"]] and out["again"][1] == out["main"]
     rows = out["rows"]
     assert [v for v, _, _ in rows] == [i * 7 for i in range(64)]

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 import stoker
 from scenarios.enable import Squares
 from stoker.integrations import enable as _enable
+from support.scenarios import run_ok
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,9 +42,9 @@ def test_dataloader_calls_torch_init_with_keywords(monkeypatch):
     assert seen["kwargs"]["batch_size"] == 2 and "sampler" in seen["kwargs"]
 
 
-def test_dataloader_is_imported_with_the_package(scenario):
-    r = scenario("enable_import.dataloader_is_imported_with_the_package", timeout=60)
-    assert r.stdout.split() == ["True", "True"], r.stderr
+def test_dataloader_is_imported_with_the_package():
+    r = run_ok("enable_import.dataloader_is_imported_with_the_package", timeout=60)
+    assert r.stdout.split() == ["True", "True", "OK"], r.stdout + r.stderr
 
 
 def _recreate(loader):
@@ -161,8 +162,8 @@ def test_first_iterator_logs_who_serves_the_loader(caplog):
     assert "on_error='skip'" in served[0]
 
 
-def test_stoker_top_names_the_server(scenario):
-    r = scenario("enable.top_names_the_server", timeout=120)
+def test_stoker_top_names_the_server():
+    r = run_ok("enable.top_names_the_server", timeout=120)
     assert 'SERVER ["stoker.enable() ShardLoader"]' in r.stdout, r.stdout + r.stderr
     assert "stoker.enable() ShardLoader" in r.stdout.split("SERVER")[1].split("\n", 1)[1]
 
@@ -191,15 +192,15 @@ def test_stoker_run_rejects_bad_options():
     assert r.returncode == 2 and "on_error must be one of" in r.stderr
 
 
-def test_enable_reaches_spawned_children_of_a_program(scenario):
-    r = scenario("enable.enable_reaches_spawned_children", timeout=240)
+def test_enable_reaches_spawned_children_of_a_program():
+    r = run_ok("enable.enable_reaches_spawned_children", timeout=240)
     assert "CHILD (7, 'stoker.enable()')" in r.stdout, r.stdout + r.stderr
     assert "AFTER None" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("persistent", [True, False])
-def test_exit_with_a_live_spawn_iterator_leaks_no_semaphore(scenario, persistent):
-    r = scenario("enable.exit_with_a_live_spawn_iterator", persistent, timeout=120)
+def test_exit_with_a_live_spawn_iterator_leaks_no_semaphore(persistent):
+    r = run_ok("enable.exit_with_a_live_spawn_iterator", persistent, timeout=120)
     assert "EXITING" in r.stdout, r.stdout + r.stderr
     assert "leaked semaphore" not in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr

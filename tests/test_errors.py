@@ -4,41 +4,36 @@ from __future__ import annotations
 
 import pytest
 
-
-def test_exception_in_getitem_keeps_type_index_and_traceback(scenario):
-    r = scenario("errors.exception_in_getitem_keeps_type_index_and_traceback")
-    assert "OK" in r.stdout, r.stderr
+from support.scenarios import run_ok
 
 
-def test_keyerror_in_getitem_stays_keyerror(scenario):
-    r = scenario("errors.keyerror_in_getitem_stays_keyerror")
-    assert "OK" in r.stdout, r.stderr
+def test_exception_in_getitem_keeps_type_index_and_traceback():
+    run_ok("errors.exception_in_getitem_keeps_type_index_and_traceback")
 
 
-def test_samples_that_do_not_stack_name_index_field_and_shapes(scenario):
-    r = scenario("errors.samples_that_do_not_stack")
-    assert "OK" in r.stdout, r.stderr
+def test_keyerror_in_getitem_stays_keyerror():
+    run_ok("errors.keyerror_in_getitem_stays_keyerror")
 
 
-def test_unpicklable_batch_names_its_type_instead_of_hanging(scenario):
-    r = scenario("errors.unpicklable_batch", timeout=60)
-    assert "OK" in r.stdout, r.stderr
+def test_samples_that_do_not_stack_name_index_field_and_shapes():
+    run_ok("errors.samples_that_do_not_stack")
+
+
+def test_unpicklable_batch_names_its_type_instead_of_hanging():
+    run_ok("errors.unpicklable_batch", timeout=60)
 
 
 @pytest.mark.parametrize("signame", ["SIGKILL", "SIGSEGV", "SIGBUS"])
-def test_worker_killed_by_signal_is_named(scenario, signame):
-    r = scenario("errors.worker_killed_by_signal", signame)
-    assert "OK" in r.stdout, r.stderr
+def test_worker_killed_by_signal_is_named(signame):
+    run_ok("errors.worker_killed_by_signal", signame)
 
 
-def test_worker_exit_code_is_named(scenario):
-    r = scenario("errors.worker_exit_code")
-    assert "OK" in r.stdout, r.stderr
+def test_worker_exit_code_is_named():
+    run_ok("errors.worker_exit_code")
 
 
-def test_no_worker_or_fd_survives_errors(scenario):
-    r = scenario("errors.no_worker_or_fd_survives_errors")
-    assert "OK" in r.stdout, r.stderr
+def test_no_worker_or_fd_survives_errors():
+    run_ok("errors.no_worker_or_fd_survives_errors")
 
 
 @pytest.mark.parametrize(
@@ -67,6 +62,5 @@ def test_invalid_arguments_raise_what_torch_raises(kwargs, exc):
     assert str(ours.value) == str(theirs.value)
 
 
-def test_slot_rewritten_before_it_was_read_is_named(scenario):
-    r = scenario("errors.slot_rewritten_before_it_was_read", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_slot_rewritten_before_it_was_read_is_named():
+    run_ok("errors.slot_rewritten_before_it_was_read", timeout=60)

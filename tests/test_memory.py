@@ -8,24 +8,23 @@ from __future__ import annotations
 
 import pytest
 
-
-def test_keeping_only_labels_pins_no_slot(scenario):
-    r = scenario("memory.keeping_only_labels", timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+from support.scenarios import run_ok
 
 
-def test_holding_1000_tiny_batches_pins_no_slot(scenario):
-    r = scenario("memory.holding_1000_tiny_batches", timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_keeping_only_labels_pins_no_slot():
+    run_ok("memory.keeping_only_labels", timeout=180)
 
 
-def test_large_tensors_stay_views_and_medium_ones_do_not_pin_the_slot(scenario):
-    r = scenario("memory.large_views_and_medium_copies", timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_holding_1000_tiny_batches_pins_no_slot():
+    run_ok("memory.holding_1000_tiny_batches", timeout=180)
 
 
-def test_holding_batches_beyond_the_cap_fails_with_what_is_held(scenario):
-    r = scenario("memory.holding_beyond_the_cap", 1.0, timeout=120)
+def test_large_tensors_stay_views_and_medium_ones_do_not_pin_the_slot():
+    run_ok("memory.large_views_and_medium_copies", timeout=180)
+
+
+def test_holding_batches_beyond_the_cap_fails_with_what_is_held():
+    r = run_ok("memory.holding_beyond_the_cap", 1.0, timeout=120)
     out = r.stdout + r.stderr
     assert "MESSAGE" in r.stdout, out
     held = int(r.stdout.split("HELD ")[1].split()[0])
@@ -36,9 +35,8 @@ def test_holding_batches_beyond_the_cap_fails_with_what_is_held(scenario):
         assert part in message, message
 
 
-def test_workers_wait_for_the_user_and_resume_when_batches_are_dropped(scenario):
-    r = scenario("memory.workers_wait_for_the_user", 60.0, timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_workers_wait_for_the_user_and_resume_when_batches_are_dropped():
+    run_ok("memory.workers_wait_for_the_user", 60.0, timeout=120)
 
 
 def test_max_shared_memory_values():
@@ -63,17 +61,15 @@ def test_max_shared_memory_values():
         _system.memory_limit_and_usage = real
 
 
-def test_num_workers_auto_divides_the_cap_among_the_workers_running(scenario):
+def test_num_workers_auto_divides_the_cap_among_the_workers_running():
     """num_workers="auto" starts one of two workers; the cap is divided among the workers
     running, not the most there may be: a loop that keeps its last two 4 MiB batches under a
     24 MiB cap completes (it used to wait out its patience and fail), and the tuner adds no
     worker that would leave each one less than its batches take."""
-    r = scenario("memory.auto_workers_divide_the_cap_among_those_running", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("memory.auto_workers_divide_the_cap_among_those_running", timeout=120)
 
 
-def test_a_worker_added_takes_its_share_from_the_others(scenario):
+def test_a_worker_added_takes_its_share_from_the_others():
     """A tuner that adds a worker (scripted): the running one is told its smaller share and
     lets go of free slots at once; every batch arrives and the slots never exceed the cap."""
-    r = scenario("memory.a_worker_added_takes_its_share", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("memory.a_worker_added_takes_its_share", timeout=120)

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import start_running_loader
+from support.scenarios import run_ok, start_running_loader
 from test_resources import TINY_SHM, _can_unshare
 
 
@@ -41,11 +41,10 @@ def test_stats_is_json_and_describes_workers_and_memory():
 
 
 @pytest.mark.parametrize("kind", ["waits", "computes"])
-def test_data_stall_notice_names_the_slow_stage(scenario, kind):
+def test_data_stall_notice_names_the_slow_stage(kind):
     """Workers that wait (their CPU idle in __getitem__) are told to raise threads_per_worker;
     workers that compute, to add workers."""
-    r = scenario("observability.data_stall_notice", kind, timeout=120)
-    assert "OK" in r.stdout, r.stderr
+    r = run_ok("observability.data_stall_notice", kind, timeout=120)
     assert r.stderr.count("waited for data") == 1, r.stderr
     assert "__getitem__" in r.stderr, r.stderr
     if kind == "waits":
@@ -157,7 +156,6 @@ def test_doctor_tells_workers_that_wait_from_workers_that_compute():
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
-def test_doctor_on_a_small_shm_with_stale_torch_files(scenario):
-    r = scenario("observability.doctor_on_a_small_shm_with_stale_torch_files", timeout=120,
-                 wrapper=TINY_SHM)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_doctor_on_a_small_shm_with_stale_torch_files():
+    run_ok("observability.doctor_on_a_small_shm_with_stale_torch_files", timeout=120,
+           wrapper=TINY_SHM)

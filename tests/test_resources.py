@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from support.scenarios import run_ok
+
 
 def _can_unshare() -> bool:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -21,24 +23,20 @@ TINY_SHM = ["unshare", "-m", "sh", "-c",
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m for a private /dev/shm")
-def test_64mb_batches_through_a_16mb_dev_shm(scenario):
-    r = scenario("resources.big_batches_through_a_small_dev_shm", timeout=120, wrapper=TINY_SHM)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_64mb_batches_through_a_16mb_dev_shm():
+    run_ok("resources.big_batches_through_a_small_dev_shm", timeout=120, wrapper=TINY_SHM)
 
 
-def test_an_iterator_is_freed_the_moment_it_is_dropped(scenario):
+def test_an_iterator_is_freed_the_moment_it_is_dropped():
     """No part of an iterator holds a reference back to it: dropped mid-epoch, it is freed by its
     reference count alone (the garbage collector is off), its workers end and its descriptors
     close, with autotune and the hang watch on too."""
-    r = scenario("resources.a_dropped_iterator_is_freed", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("resources.a_dropped_iterator_is_freed", timeout=120)
 
 
-def test_main_process_holds_few_fds_while_user_holds_many_batches(scenario):
-    r = scenario("resources.few_fds_while_many_batches_are_held", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_main_process_holds_few_fds_while_user_holds_many_batches():
+    run_ok("resources.few_fds_while_many_batches_are_held", timeout=120)
 
 
-def test_slots_are_reused_not_allocated_per_batch(scenario):
-    r = scenario("resources.slots_are_reused", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_slots_are_reused_not_allocated_per_batch():
+    run_ok("resources.slots_are_reused", timeout=120)

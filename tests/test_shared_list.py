@@ -7,6 +7,7 @@ import pickle
 import pytest
 
 import stoker
+from support.scenarios import run_ok
 
 
 def test_items_round_trip_and_behave_like_a_sequence():
@@ -18,14 +19,12 @@ def test_items_round_trip_and_behave_like_a_sequence():
     assert stoker.SharedList([]).__len__() == 0
 
 
-def test_spawned_workers_map_the_same_memory(scenario):
-    r = scenario("shared_list.spawned_workers_map_the_same_memory", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_spawned_workers_map_the_same_memory():
+    run_ok("shared_list.spawned_workers_map_the_same_memory", timeout=120)
 
 
-def test_reading_does_not_grow_a_forked_workers_memory(scenario):
-    r = scenario("shared_list.reading_does_not_grow_a_forked_child", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_reading_does_not_grow_a_forked_workers_memory():
+    run_ok("shared_list.reading_does_not_grow_a_forked_child", timeout=120)
 
 
 def test_pickling_outside_a_worker_start_still_works():

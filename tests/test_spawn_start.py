@@ -12,6 +12,7 @@ import torch
 
 import stoker
 from stoker.engine.sealed import Opened, Sealed
+from support.scenarios import run_ok
 
 
 def _open(sealed: Sealed):
@@ -85,23 +86,20 @@ def test_an_unpicklable_dataset_raises_what_pickle_raises():
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_workers_share_the_dataset_and_it_is_pickled_once(scenario, tmp_path, method):
-    r = scenario("spawn_start.workers_share_the_dataset", str(tmp_path), method,
-                 timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_workers_share_the_dataset_and_it_is_pickled_once(tmp_path, method):
+    run_ok("spawn_start.workers_share_the_dataset", str(tmp_path), method,
+           timeout=180)
 
 
-def test_restarted_and_persistent_workers_map_the_same_memfd(scenario, tmp_path):
-    r = scenario("spawn_start.restarted_and_persistent_workers_map_one_memfd",
-                 str(tmp_path), timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_restarted_and_persistent_workers_map_the_same_memfd(tmp_path):
+    run_ok("spawn_start.restarted_and_persistent_workers_map_one_memfd",
+           str(tmp_path), timeout=180)
 
 
-def test_what_multiprocessing_passes_as_descriptors_reaches_every_worker(scenario):
+def test_what_multiprocessing_passes_as_descriptors_reaches_every_worker():
     # An mp.Queue (a pipe and a lock), an mp.Value (an arena) and a SharedList: each pickles
     # only while a process starts, as a descriptor; one pickle must serve every worker.
-    r = scenario("spawn_start.descriptors_reach_every_worker", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("spawn_start.descriptors_reach_every_worker", timeout=120)
 
 
 def test_no_descriptor_is_left_when_pickling_fails_midway_or_the_sealed_is_dropped(tmp_path):
@@ -151,12 +149,10 @@ def test_what_counts_one_receiver_a_pickle_is_pickled_per_worker():
         torch.multiprocessing.set_sharing_strategy(before)
 
 
-def test_a_shared_tensor_the_workers_write_reaches_the_main_process(scenario):
-    r = scenario("spawn_start.shared_tensor_written_by_workers", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_a_shared_tensor_the_workers_write_reaches_the_main_process():
+    run_ok("spawn_start.shared_tensor_written_by_workers", timeout=120)
 
 
-def test_a_dataset_that_must_be_pickled_per_worker_still_starts_and_shares(scenario):
-    r = scenario("spawn_start.shared_tensor_written_by_workers", "file_system",
-                 timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_a_dataset_that_must_be_pickled_per_worker_still_starts_and_shares():
+    run_ok("spawn_start.shared_tensor_written_by_workers", "file_system",
+           timeout=120)

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 import pytest
 
+from support.scenarios import run_ok
+
 
 @pytest.mark.parametrize("async_dataset", [False, True])
-def test_every_sample_once_in_order(scenario, async_dataset):
-    r = scenario("threads_in_workers.every_sample_once_in_order", async_dataset, timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_every_sample_once_in_order(async_dataset):
+    run_ok("threads_in_workers.every_sample_once_in_order", async_dataset, timeout=120)
 
 
-def test_the_next_batch_loads_while_the_last_samples_do(scenario):
-    r = scenario("threads_in_workers.next_batch_loads_while_the_last_samples_do", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_the_next_batch_loads_while_the_last_samples_do():
+    run_ok("threads_in_workers.next_batch_loads_while_the_last_samples_do", timeout=120)
 
 
-def test_bit_identical_under_per_sample_seed(scenario):
-    r = scenario("threads_in_workers.bit_identical_under_per_sample_seed", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_bit_identical_under_per_sample_seed():
+    run_ok("threads_in_workers.bit_identical_under_per_sample_seed", timeout=120)
 
 
 @pytest.mark.parametrize("policy", ["raise", "skip", "retry"])
-def test_a_raising_sample_is_named(scenario, policy):
-    r = scenario("threads_in_workers.raising_sample_named", policy, timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_a_raising_sample_is_named(policy):
+    run_ok("threads_in_workers.raising_sample_named", policy, timeout=120)
 
 
 @pytest.mark.parametrize("name", ["segfault_quarantined", "segfault_raises",
@@ -35,9 +33,8 @@ def test_a_raising_sample_is_named(scenario, policy):
                                   "async_client_lives_with_the_worker",
                                   "async_segfault_at_one_thread_quarantined",
                                   "async_getitems_under_each_policy"])
-def test_faults_under_threads(scenario, name):
-    r = scenario(f"threads_in_workers.{name}", timeout=180)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_faults_under_threads(name):
+    run_ok(f"threads_in_workers.{name}", timeout=180)
 
 
 def _have(*modules) -> bool:
@@ -48,9 +45,8 @@ def _have(*modules) -> bool:
 
 @pytest.mark.skipif(not _have("moto", "boto3", "flask"),
                     reason="moto[server] and boto3 (tests/requirements-frameworks.txt)")
-def test_a_real_s3_api_read_from_worker_threads(scenario):
-    r = scenario("s3.read_from_worker_threads", timeout=300)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_a_real_s3_api_read_from_worker_threads():
+    run_ok("s3.read_from_worker_threads", timeout=300)
 
 
 def _judge(w, samples, wall_s, cpu_s):

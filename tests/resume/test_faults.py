@@ -11,21 +11,20 @@ import subprocess
 import torch
 
 import stoker
-from conftest import HERE, scenario_command
 from resume_datasets import Augmented, as_lists
+from support.scenarios import HERE, run_ok, scenario_command, scenario_env
 
 
-def test_worker_killed_just_before_the_checkpoint(scenario):
-    r = scenario("resume_faults.worker_killed_just_before_the_checkpoint", timeout=120)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+def test_worker_killed_just_before_the_checkpoint():
+    run_ok("resume_faults.worker_killed_just_before_the_checkpoint", timeout=120)
 
 
 def test_main_process_sigkilled_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     ckpt = str(tmp_path / "ckpt.pt")
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # killed on purpose: the first run never ends with OK
     first = subprocess.Popen(scenario_command("resume_faults.train_and_checkpoint", ckpt, 4),
-                             cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+                             cwd=HERE, env=scenario_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for line in first.stdout:
             if line.startswith("STEP 4"):
@@ -37,12 +36,11 @@ def test_main_process_sigkilled_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
-    second = subprocess.run(scenario_command("resume_faults.train_and_checkpoint", ckpt, -1),
-                            cwd=HERE, env=env, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
+    second = run_ok("resume_faults.train_and_checkpoint", ckpt, -1, timeout=120)
     steps = [int(x.split()[1]) for x in second.stdout.splitlines() if x.startswith("STEP")]
     assert steps == list(range(5, 10)), second.stdout  # it went on after the 5th batch
-    seen = json.loads(second.stdout.split("SEEN ", 1)[1])
+    (seen,) = [json.loads(x.split(" ", 1)[1]) for x in second.stdout.splitlines()
+               if x.startswith("SEEN ")]
     ref = as_lists(stoker.DataLoader(Augmented(40), batch_size=4, shuffle=True,
                                      generator=torch.Generator().manual_seed(1),
                                      seed="per_sample"))
@@ -51,8 +49,7 @@ def test_main_process_sigkilled_mid_epoch_resumes_in_a_fresh_process(tmp_path):
     assert json.loads(json.dumps(ref)) == seen  # and the very batches of an uninterrupted run
 
 
-def test_a_skip_reported_by_a_worker_killed_in_collate_is_recorded_once(scenario):
+def test_a_skip_reported_by_a_worker_killed_in_collate_is_recorded_once():
     """The worker skips sample 5, reports it, and is killed while collating the rest of that
     batch: the batch is re-issued and reports the skip again, and the loader records it once."""
-    r = scenario("resume_faults.skip_reported_by_a_worker_killed_in_collate", timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("resume_faults.skip_reported_by_a_worker_killed_in_collate", timeout=60)

@@ -10,6 +10,7 @@ import torch
 import stoker
 from resume_datasets import StatefulStream
 from stoker import StateMismatchError
+from support.scenarios import run_ok
 
 N, B = 40, 3
 
@@ -118,11 +119,10 @@ def test_a_killed_worker_of_a_stateful_stream_restarts_from_its_state(tmp_path, 
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_load_state_dict_after_a_workers_stream_ended_starts_that_worker_again(
-        scenario, persistent):
+        persistent):
     """Worker 0's stream ends early; load_state_dict on the live iterator starts over from the
     loaded state: worker 0 (stopped, non-persistent) is started again, nothing waits on it."""
-    r = scenario("resume_iterable.load_state_after_a_stream_ended", persistent, timeout=60)
-    assert "OK" in r.stdout, r.stdout + r.stderr
+    run_ok("resume_iterable.load_state_after_a_stream_ended", persistent, timeout=60)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -45,7 +45,6 @@ def deaths_while_the_tuner_changes_its_mind(steps, depth):
     assert {d.index for d in loader.deaths} == {5, 37, 90}, loader.deaths
     del loader
     gc.collect()
-    print("OK")
 
 
 def a_rank_under_auto(out_path):

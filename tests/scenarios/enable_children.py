@@ -70,7 +70,6 @@ def children_of_an_enabled_process(method):
     print("TORCH", user)
     here = os.path.join(os.path.dirname(stoker.__file__), "integrations", "on_torch_import.py")
     assert user["enabled"] and user["hook_file"] == here and user["twice"] == [], user
-    print("OK")
 
 
 def child_that_cannot_find_stoker(executable):
@@ -85,7 +84,6 @@ def child_that_cannot_find_stoker(executable):
     seen = _ask(ctx, use_torch=True)
     print("SEEN", seen)
     assert not seen["hook"] and not seen["enabled"] and seen["twice"] == [], seen
-    print("OK")
 
 
 def started_under_stoker_run(look_first=False):
@@ -102,4 +100,3 @@ def started_under_stoker_run(look_first=False):
     after = _seen(use_torch=True)
     print("AFTER", after)
     assert after["enabled"] and after["twice"] == [], after
-    print("OK")

@@ -64,7 +64,6 @@ def keeping_only_labels():
     for _ in range(50):  # later batches reuse the slots: the labels kept their values
         next(it)
     assert all(int(lb[k]) == 32 * i + k for i, lb in enumerate(labels) for k in range(32))
-    print("OK")
 
 
 def holding_1000_tiny_batches():
@@ -78,7 +77,6 @@ def holding_1000_tiny_batches():
         next(it)
     assert all(float(b[0][k, 0]) == 4 * i + k and int(b[1][k]) == 4 * i + k
                for i, b in enumerate(held) for k in range(4))
-    print("OK")
 
 
 def large_views_and_medium_copies():
@@ -92,7 +90,6 @@ def large_views_and_medium_copies():
     assert mem["slots_held_by_user"] == 10, mem  # each big field is a view of its batch's slot
     assert all(int(m[k, 0]) == -(8 * i + k) for i, m in enumerate(mediums) for k in range(8))
     assert all(float(b[k, 0]) == 8 * (60 + i) + k for i, b in enumerate(bigs) for k in range(8))
-    print("OK")
 
 
 # 1 MiB batches; 8 MiB split between 2 workers leaves each room for 3 slots.
@@ -139,7 +136,6 @@ def workers_wait_for_the_user(patience):
         del b
     assert first == [float(i) for i in range(24)], first
     assert rest == [float(4 * i) for i in range(6, 60)], rest
-    print("OK")
 
 
 def auto_workers_divide_the_cap_among_those_running():
@@ -156,7 +152,7 @@ def auto_workers_divide_the_cap_among_those_running():
         peak = max(peak, loader.stats()["memory"]["bytes_mapped"])
     assert seen == list(range(60)), seen
     assert peak <= cap, peak
-    print("OK", peak >> 20)
+    print("PEAK MiB", peak >> 20)
 
 
 def a_worker_added_takes_its_share():
@@ -181,4 +177,3 @@ def a_worker_added_takes_its_share():
     assert seen == list(range(80)), seen
     assert peak <= cap, peak
     assert loader.stats()["autotune"]["active_workers"] == 2
-    print("OK")

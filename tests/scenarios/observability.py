@@ -34,7 +34,6 @@ def data_stall_notice(kind="waits"):
     loader = stoker.DataLoader(ds, batch_size=2, num_workers=1, stall_notice=0.3)
     for _ in loader:
         pass
-    print("OK")
 
 
 def _doctor(*args):
@@ -65,4 +64,3 @@ def doctor_on_a_small_shm_with_stale_torch_files():
         f.write(b"z" * 15 * 2**20)  # 94% full
     code, rep = _doctor()
     assert code == 1 and {c["check"]: c for c in rep["checks"]}["/dev/shm"]["status"] == "fail"
-    print("OK")

@@ -37,7 +37,6 @@ def worker_killed_just_before_the_checkpoint():
     resumed = make(4)
     resumed.load_state_dict(sd)
     assert got + as_lists(resumed) == ref
-    print("OK")
 
 
 def train_and_checkpoint(ckpt, kill_at):
@@ -67,4 +66,3 @@ def skip_reported_by_a_worker_killed_in_collate():
     assert got == [i for i in range(16) if i != 5], got
     assert [s.index for s in loader.skipped] == [5], loader.skipped
     assert len(loader.deaths) == 1, loader.deaths
-    print("OK")

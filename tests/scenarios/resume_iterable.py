@@ -24,4 +24,3 @@ def load_state_after_a_stream_ended(persistent):
     again = [int(x) for x in it]
     assert first[:1] + again == whole, (again, whole)
     assert [int(x) for x in loader] == whole
-    print("OK")

@@ -125,4 +125,3 @@ def read_from_worker_threads():
         proc.terminate()
         proc.wait(30)
     assert not children(), children()
-    print("OK")

@@ -16,4 +16,3 @@ def torch_load_first(path):
 
     assert [d["index"] for d in stoker.stats(saved["torch_loader"])["deaths"]] == [5]
     assert [s.index for s in saved["stoker_loader"].skipped] == [5]
-    print("OK")

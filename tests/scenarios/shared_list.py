@@ -18,7 +18,6 @@ def spawned_workers_map_the_same_memory():
     out = [b for b in loader]
     assert [int(x) for b in out for x in b[0]] == [i * 97 for i in range(100)]
     assert all(bool(x) for b in out for x in b[1])   # mapped, not unpickled into a copy
-    print("OK")
 
 
 def reading_does_not_grow_a_forked_child():
@@ -33,4 +32,4 @@ def reading_does_not_grow_a_forked_child():
         os._exit(0 if grown < 20_000 else 1)   # far less than the ~30 MB of the list itself
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    print("OK", items.nbytes)
+    print("NBYTES", items.nbytes)

@@ -37,7 +37,7 @@ def workers_share_the_dataset(marks, method):
     # Once per epoch (non-persistent workers start again with the dataset as it is now), never
     # once per worker.
     assert pickled == [str(os.getpid())] * epochs, pickled
-    print("OK", base, grown)
+    print("BASE GROWN", base, grown)
 
 
 def restarted_and_persistent_workers_map_one_memfd(marks):
@@ -72,7 +72,7 @@ def restarted_and_persistent_workers_map_one_memfd(marks):
     assert len(inodes) == 1, inodes
     assert len(read - {victim}) >= 2, read  # the one left and the restarted one, at least
     assert len(open(marks + "/pickled").read().split()) == 1
-    print("OK", stoker.stats(loader)["restarts"] if "restarts" in stoker.stats(loader) else "")
+    print("RESTARTS", stoker.stats(loader).get("restarts", ""))
 
 
 def descriptors_reach_every_worker():
@@ -84,7 +84,6 @@ def descriptors_reach_every_worker():
     assert got == list(range(16)), got
     pids = {ds.queue.get(timeout=10) for _ in range(16)}
     assert len(pids) == 2 and ds.counter.value == 16, (pids, ds.counter.value)
-    print("OK")
 
 
 def shared_tensor_written_by_workers(sharing_strategy=None):
@@ -96,4 +95,3 @@ def shared_tensor_written_by_workers(sharing_strategy=None):
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     assert sorted(int(v) for b in loader for v in b) == list(range(16))
     assert ds.seen.tolist() == [1.0] * 16, ds.seen   # every worker wrote into the same memory
-    print("OK")

@@ -15,6 +15,7 @@ import torch
 
 import stoker
 from scenario_datasets import KillsOnceAt, KillsSelfAt, RaisesAt, Squares
+from scenarios import expect_raises
 from scenarios.probes import children
 
 
@@ -159,7 +160,6 @@ def every_sample_once_in_order(async_dataset=False):
     took = time.monotonic() - start
     # 64 samples of 20 ms: 1.28 s one at a time; 16 at once: 4 rounds (80 ms) plus start-up
     assert took < 1.0, took
-    print("OK")
 
 
 def next_batch_loads_while_the_last_samples_do():
@@ -173,7 +173,6 @@ def next_batch_loads_while_the_last_samples_do():
     assert [b[1].tolist() for b in got] == plain
     most = max(int(m) for b in got for m in b[2])
     assert 8 < most <= 16, most
-    print("OK")
 
 
 def bit_identical_under_per_sample_seed():
@@ -196,7 +195,6 @@ def bit_identical_under_per_sample_seed():
                                generator=torch.Generator().manual_seed(7))
         other = [b[0] for b in dl]
         assert all(torch.equal(a, b) for a, b in zip(base, other)), ("async", threads)
-    print("OK")
 
 
 def async_client_lives_with_the_worker():
@@ -206,7 +204,6 @@ def async_client_lives_with_the_worker():
                            persistent_workers=True)
     for _ in range(3):
         assert labels(list(dl)) == list(range(64))
-    print("OK")
 
 
 def async_segfault_at_one_thread_quarantined():
@@ -216,7 +213,6 @@ def async_segfault_at_one_thread_quarantined():
     got = list(dl)
     assert labels(got) == [i for i in range(64) if i != 21], labels(got)
     assert [s.index for s in dl.skipped] == [21] and len(dl.deaths) == 2, dl.deaths
-    print("OK")
 
 
 def raising_sample_named(policy):
@@ -227,14 +223,12 @@ def raising_sample_named(policy):
         got = list(dl)
         assert labels(got) == [i for i in range(64) if i != 21], labels(got)
         assert [s.index for s in dl.skipped] == [21], dl.skipped
-        print("OK")
         return
-    try:
+    with expect_raises(ValueError) as raised:
         list(dl)
-    except ValueError as e:
-        assert "cannot decode sample 21" in str(e) and "21" in str(e), str(e)
-        assert "dataset index 21" in str(e) or getattr(e, "index", None) == 21, str(e)
-        print("OK")
+    e = raised.value
+    assert "cannot decode sample 21" in str(e) and "21" in str(e), str(e)
+    assert "dataset index 21" in str(e) or getattr(e, "index", None) == 21, str(e)
 
 
 def segfault_quarantined():
@@ -251,18 +245,16 @@ def segfault_quarantined():
     assert named and set(named) == {21}, dl.deaths  # no innocent batch-mate is blamed
     # one death with the batch in flight, then quarantine_after (2) deaths that name it
     assert len(dl.deaths) == 3, dl.deaths
-    print("OK")
 
 
 def segfault_raises():
     dl = stoker.DataLoader(WaitsThenSegfaults(21, signal.SIGSEGV), batch_size=8, num_workers=2,
                            threads_per_worker=8)
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(dl)
-    except stoker.WorkerCrashed as e:
-        assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
-        assert "dataset index 21" in str(e).splitlines()[0], str(e)
-        print("OK")
+    e = raised.value
+    assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
+    assert "dataset index 21" in str(e).splitlines()[0], str(e)
     gc.collect()
     assert not children(), children()
 
@@ -281,7 +273,6 @@ def sigkill_with_many_in_flight():
         assert 1 <= len(dl.deaths) <= 3, dl.deaths
         assert sorted(os.listdir(marks)) == ["30", "47", "5"], os.listdir(marks)
         assert labels(list(dl)) == list(range(64))
-    print("OK")
 
 
 def external_kill_mid_batch():
@@ -297,20 +288,17 @@ def external_kill_mid_batch():
     killer.join()
     assert labels(got) == list(range(256)), labels(got)
     assert [d.pid for d in dl.deaths] == [victim], dl.deaths
-    print("OK")
 
 
 def hung_thread_named():
     """hang_timeout with threads: the stuck sample's stack is in the message."""
     dl = stoker.DataLoader(HangsInAThread(), batch_size=8, num_workers=2, threads_per_worker=8,
                            hang_timeout=2.0, on_worker_death="raise")
-    try:
+    with expect_raises(stoker.WorkerCrashed) as raised:
         list(dl)
-    except stoker.WorkerCrashed as e:
-        msg = str(e)
-        assert "hung for" in msg and "hang_timeout" in msg, msg
-        assert "HangsInAThread" in msg or "threads_in_workers.py" in msg, msg
-        print("OK")
+    msg = str(raised.value)
+    assert "hung for" in msg and "hang_timeout" in msg, msg
+    assert "HangsInAThread" in msg or "threads_in_workers.py" in msg, msg
     gc.collect()
     assert not children(), children()
 
@@ -333,7 +321,6 @@ def resume_mid_epoch_across_threads():
         b.load_state_dict(state)
         rest = [x[1].tolist() for x in b]
         assert head + rest == full, (before, after)
-    print("OK")
 
 
 def stats_and_top_show_samples_in_flight():
@@ -355,7 +342,6 @@ def stats_and_top_show_samples_in_flight():
     next(it)
     assert plain.stats()["workers"][0]["in_flight"] == 0  # one at a time: its index says which
     del it
-    print("OK")
 
 
 def async_getitems_under_each_policy():
@@ -364,8 +350,5 @@ def async_getitems_under_each_policy():
     dl = stoker.DataLoader(AsyncBatched(), batch_size=8, num_workers=2, on_error="skip")
     assert labels(list(dl)) == [i for i in range(64) if i != 21]
     assert [s.index for s in dl.skipped] == [21], dl.skipped
-    try:
+    with expect_raises(ValueError, match="cannot decode sample 21"):
         list(stoker.DataLoader(AsyncBatched(), batch_size=8, num_workers=2))
-    except ValueError as e:
-        assert "cannot decode sample 21" in str(e), str(e)
-        print("OK")
