@@ -64,6 +64,8 @@ ALSO_STAGED = ["README.md", "docs"]
 TRAP_MODULE = "_advice.py"
 TRAP_TEST = "tests/unit/test_advice_mutants.py"
 
+# timeout_*: a mutant's tests get (their clean run's time + 2 s) x 4 of wall clock, then it is
+# killed and counted a timeout (detected): a gate whose threads never serve hangs its test.
 SETUP_CFG = """\
 # Written by tools/mutate.py: edit it there.
 [mutmut]
@@ -80,8 +82,8 @@ pytest_add_cli_args =
     -W
     ignore
 process_isolation = fork
-timeout_multiplier = 10.0
-timeout_constant = 5.0
+timeout_multiplier = 4.0
+timeout_constant = 2.0
 use_git_change_detection = false
 
 [tool:pytest]
