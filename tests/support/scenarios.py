@@ -76,7 +76,8 @@ def expect_ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     if r.returncode != 0 or last != "OK":
         raise AssertionError(
             f"scenario did not end with OK: exit code {r.returncode}, last line of stdout "
-            f"{last!r}\ncommand: {_command(r)}\n{_output(r.stdout, r.stderr)}")
+            f"{last!r}, of stderr {last_line(r.stderr)!r}\ncommand: {_command(r)}\n"
+            f"{_output(r.stdout, r.stderr)}")
     return r
 
 
