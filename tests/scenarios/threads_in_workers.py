@@ -72,6 +72,76 @@ class AsyncWaits(Squares):
         return torch.full(self.shape, float(i)), i
 
 
+MEET_S = 60  # a sample that waits this long for others to load beside it has failed
+
+
+class Meets(Squares):
+    """Each sample waits until `parties` samples load at once in its worker (a barrier):
+    fewer at once raises (threading.BrokenBarrierError) instead of being slower."""
+
+    def __init__(self, parties, n=64):
+        super().__init__(n)
+        self.parties = parties
+        self._barrier = threading.Barrier(parties, timeout=MEET_S)
+
+    def __getstate__(self):
+        return {"parties": self.parties, "n": self.n}
+
+    def __setstate__(self, d):
+        self.__init__(d["parties"], d["n"])
+
+    def __getitem__(self, i):
+        self._barrier.wait()
+        return super().__getitem__(i)
+
+
+class AsyncMeets(Meets):
+    """Meets, for an async dataset: the k-th sample to start waits until the samples of its
+    round of `parties` have all started."""
+
+    def __init__(self, parties, n=64):
+        super().__init__(parties, n)
+        self._started = 0
+        self._rounds: dict = {}
+
+    async def __getitem__(self, i):
+        k, self._started = self._started, self._started + 1
+        rnd = k // self.parties
+        ready = self._rounds.setdefault(rnd, asyncio.Event())
+        if self._started >= (rnd + 1) * self.parties:
+            ready.set()
+        await asyncio.wait_for(ready.wait(), MEET_S)
+        return torch.full(self.shape, float(i)), i
+
+
+class _HeldFirstBatch(Waits):
+    """Samples 1-7 (of the first batch of 8) wait until two samples of a later batch have
+    started (else they wait MEET_S and raise)."""
+
+    def __init__(self, n=64, ms=20):
+        super().__init__(n, ms)
+        self._later = threading.Condition()
+        self._later_started = 0
+
+    def __getitem__(self, i):
+        if i >= 8:
+            with self._later:
+                self._later_started += 1
+                self._later.notify_all()
+        elif i > 0:
+            with self._later:
+                met = self._later.wait_for(lambda: self._later_started >= 2, MEET_S)
+            if not met:
+                raise TimeoutError(f"sample {i}: no sample of the next batch started while "
+                                   "this batch loaded")
+        return super().__getitem__(i)
+
+
+class WaitsForTheNextBatch(CountsAtOnce, _HeldFirstBatch):
+    """CountsAtOnce whose first batch ends only once the worker started its next task's
+    samples while this one's loaded (so more than 8 were at once, counted)."""
+
+
 class Drawn(Squares):
     """A random crop-like draw from a generator seeded with stoker.sample_seed()."""
 
@@ -155,19 +225,20 @@ def every_sample_once_in_order(async_dataset=False):
     # num_workers=0 with threads (and an async dataset) too
     got = [b[1].tolist() for b in stoker.DataLoader(ds, batch_size=8, threads_per_worker=4)]
     assert got == plain, got
-    start = time.monotonic()
-    list(stoker.DataLoader(ds, batch_size=16, num_workers=1, threads_per_worker=16))
-    took = time.monotonic() - start
-    # 64 samples of 20 ms: 1.28 s one at a time; 16 at once: 4 rounds (80 ms) plus start-up
-    assert took < 1.0, took
+    # 16 at once: each batch's 16 samples wait for each other (a sample that waited
+    # MEET_S for the others raises, and the loader with it): no clock is read
+    meets = AsyncMeets(16) if async_dataset else Meets(16)
+    got = [b[1].tolist() for b in stoker.DataLoader(meets, batch_size=16, num_workers=1,
+                                                     threads_per_worker=16)]
+    assert sorted(i for b in got for i in b) == list(range(64)), got
 
 
 def next_batch_loads_while_the_last_samples_do():
     """A worker's next task (queued within prefetch_factor) starts its samples on the threads
     that the batch loading now leaves free: with 16 threads and batches of 8, up to 16 samples
     of two batches load at once (never more), and the batches are still those of one thread."""
-    dl = stoker.DataLoader(CountsAtOnce(), batch_size=8, num_workers=1, threads_per_worker=16,
-                           prefetch_factor=2)
+    dl = stoker.DataLoader(WaitsForTheNextBatch(), batch_size=8, num_workers=1,
+                           threads_per_worker=16, prefetch_factor=2)
     plain = [b[1].tolist() for b in stoker.DataLoader(Squares(), batch_size=8, num_workers=1)]
     got = list(dl)
     assert [b[1].tolist() for b in got] == plain
@@ -209,7 +280,7 @@ def async_client_lives_with_the_worker():
 def async_segfault_at_one_thread_quarantined():
     """An async dataset at threads_per_worker=1 loads one sample at a time: a death names it."""
     dl = stoker.DataLoader(AsyncSegfaults(21, signal.SIGSEGV), batch_size=8, num_workers=2,
-                           on_error="skip")
+                           on_error="skip", threads_per_worker=1)
     got = list(dl)
     assert labels(got) == [i for i in range(64) if i != 21], labels(got)
     assert [s.index for s in dl.skipped] == [21] and len(dl.deaths) == 2, dl.deaths
