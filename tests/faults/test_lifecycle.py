@@ -28,13 +28,15 @@ def test_ctrl_c_gives_one_keyboard_interrupt_and_silent_workers():
     assert not [p for p in pids if alive(p)], pids
 
 
-def test_parent_killed_takes_workers_within_a_second():
+def test_parent_killed_takes_workers_with_it():
     for method in ("fork", "spawn"):
         proc, pids = start_running_loader(method)
         try:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-            deadline = time.monotonic() + 1.0
+            # the kernel signals them as the parent dies (PR_SET_PDEATHSIG): a bound for a
+            # busy machine, not a speed
+            deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline and [p for p in pids if alive(p)]:
                 time.sleep(0.02)
             assert not [p for p in pids if alive(p)], (method, pids)
