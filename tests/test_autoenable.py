@@ -53,6 +53,7 @@ def _package_spec(monkeypatch, places):
     monkeypatch.setattr("importlib.util.find_spec", find_spec)
 
 
+@pytest.mark.unit
 def test_the_carry_finds_the_hook_in_any_of_the_packages_locations(monkeypatch, tmp_path,
                                                                    fresh_hook):
     package = os.path.dirname(os.path.dirname(children.__file__))
@@ -64,6 +65,7 @@ def test_the_carry_finds_the_hook_in_any_of_the_packages_locations(monkeypatch, 
     assert hook is not on_torch_import  # loaded by path, as in a child, under the same name
 
 
+@pytest.mark.unit
 def test_the_carry_does_nothing_where_the_package_has_no_hook(monkeypatch, tmp_path,
                                                              fresh_hook):
     _package_spec(monkeypatch, [str(tmp_path)])
@@ -71,6 +73,7 @@ def test_the_carry_does_nothing_where_the_package_has_no_hook(monkeypatch, tmp_p
     assert CALLS == [] and children.HOOK not in sys.modules
 
 
+@pytest.mark.unit
 def test_a_call_that_fails_is_named_and_raises_nothing(capsys):
     on_torch_import.call("stoker_is_not_here.enable:enable_in_child", "{}")
     err = capsys.readouterr().err
@@ -78,12 +81,14 @@ def test_a_call_that_fails_is_named_and_raises_nothing(capsys):
     assert "torch's own workers" in err
 
 
+@pytest.mark.unit
 def test_enable_in_child_refuses_what_is_not_the_options_json():
     with pytest.raises(ValueError, match="not the JSON object of options"):
         enable.enable_in_child("[1, 2]")
     assert not enable.is_enabled()
 
 
+@pytest.mark.unit
 def test_sitecustomize_names_what_children_py_and_enable_py_define():
     path = os.path.join(children.SITE, "sitecustomize.py")
     with open(path) as f:

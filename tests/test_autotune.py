@@ -29,6 +29,7 @@ def fake_tree(cgroup_tree, monkeypatch):
 
 
 # -- the bound ---------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_cpu_quota_v2_the_tightest_ancestor_rounded_up(fake_tree):
     write_file(str(fake_tree / "proc" / "self" / "cgroup"), "0::/jobs/train\n")
     write_file(str(fake_tree / "cg" / "jobs" / "train" / "cpu.max"), "max 100000\n")
@@ -37,6 +38,7 @@ def test_cpu_quota_v2_the_tightest_ancestor_rounded_up(fake_tree):
     assert _cgroup.usable_cpus() == 3  # affinity 8, quota 2.5
 
 
+@pytest.mark.unit
 def test_cpu_quota_v1(fake_tree):
     write_file(str(fake_tree / "proc" / "self" / "cgroup"), "3:cpu,cpuacct:/docker/abc\n")
     d = fake_tree / "cg" / "cpu,cpuacct" / "docker" / "abc"
@@ -46,6 +48,7 @@ def test_cpu_quota_v1(fake_tree):
     assert _cgroup.usable_cpus() == 2
 
 
+@pytest.mark.unit
 def test_no_quota_the_affinity_and_a_tiny_quota_still_one(fake_tree):
     write_file(str(fake_tree / "proc" / "self" / "cgroup"), "0::/\n")
     write_file(str(fake_tree / "cg" / "cpu.max"), "max 100000\n")
@@ -69,6 +72,7 @@ def ranks_tree(fake_tree, monkeypatch):
     return fake_tree
 
 
+@pytest.mark.unit
 def test_cpu_lists_are_counted():
     assert _cgroup.cpu_list_count("0-3,8,10-11\n") == 7
     assert _cgroup.cpu_list_count("5") == 1
@@ -76,6 +80,7 @@ def test_cpu_lists_are_counted():
     assert _cgroup.cpu_list_count("0-x") is None
 
 
+@pytest.mark.unit
 def test_the_launchers_say_how_many_ranks_share_this_machine(ranks_tree, monkeypatch):
     assert _cgroup.local_ranks() == 1
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)")
@@ -93,6 +98,7 @@ def test_the_launchers_say_how_many_ranks_share_this_machine(ranks_tree, monkeyp
     assert _cgroup.local_ranks() == 6
 
 
+@pytest.mark.unit
 def test_a_rank_takes_its_share_of_the_machine(ranks_tree, monkeypatch):
     cg = ranks_tree / "cg"
     # alone: every CPU it may use (affinity 8)
@@ -147,6 +153,7 @@ def test_four_ranks_under_auto_start_their_share_of_the_machine_between_them(tmp
     assert sum(r["started"] for r in reps) <= max(4, cpus), reps
 
 
+@pytest.mark.unit
 def test_auto_resolves_within_one_and_usable_cpus():
     class DS(torch.utils.data.Dataset):
         def __len__(self):
@@ -175,6 +182,7 @@ def _run(tuner, windows):
     return [tuner.decide(w, batch) for batch, w in enumerate(windows)]
 
 
+@pytest.mark.unit
 def test_a_stalled_loop_with_free_cores_gains_workers_up_to_the_bound():
     t = _autotune.Tuner(bound=4, initial=1)
     counts = _run(t, [_window(stall=0.6, busy=t_busy, worker_cpu=t_busy)
@@ -185,6 +193,7 @@ def test_a_stalled_loop_with_free_cores_gains_workers_up_to_the_bound():
     assert [d.active for d in t.decisions] == [1, 2, 3, 4]
 
 
+@pytest.mark.unit
 def test_no_worker_added_without_a_free_core():
     t = _autotune.Tuner(bound=8, initial=3)
     # the main process takes 2 cores, 3 workers take 3: 0.5 of 4 CPUs left
@@ -192,6 +201,7 @@ def test_no_worker_added_without_a_free_core():
     assert counts == [3] * 5
 
 
+@pytest.mark.unit
 def test_memory_budget_is_respected():
     t = _autotune.Tuner(bound=8, initial=2)
     # 3 GiB of headroom under a 8 GiB limit, 2.5 GiB per worker: one more would leave 0.5 GiB,
@@ -204,6 +214,7 @@ def test_memory_budget_is_respected():
                     9) == 3
 
 
+@pytest.mark.unit
 def test_idle_workers_are_retired_after_two_quiet_windows_and_not_when_busy():
     t = _autotune.Tuner(bound=8, initial=6)
     # no stall, 6 workers busy 2 worker-seconds per second: 5 suffice (0.4 each)
@@ -228,6 +239,7 @@ def _costs(per_batch_busy, per_batch_cpu, own, main_cpu=None, cpus=16, batches=1
         memory_limit=None, workers=1, batches=batches, first=True)
 
 
+@pytest.mark.unit
 def test_needed_keeps_up_with_the_loop_within_the_cpus():
     # 10 ms of CPU a batch in a worker, 1 ms in the loop: 10 workers keep up, 16 CPUs fit them
     assert _autotune.needed(_costs(0.010, 0.010, 0.001)) == 10
@@ -240,6 +252,7 @@ def test_needed_keeps_up_with_the_loop_within_the_cpus():
     assert _autotune.needed(_costs(0.010, 0.001, 0.004, cpus=16)) == 3
 
 
+@pytest.mark.unit
 def test_the_first_look_goes_straight_to_the_count_needed():
     t = _autotune.Tuner(bound=16, initial=8)
     assert t.decide(_costs(0.010, 0.010, 0.001), 5) == 10
@@ -256,6 +269,7 @@ def test_the_first_look_goes_straight_to_the_count_needed():
     assert short.decide(w, 5) == 9
 
 
+@pytest.mark.unit
 def test_a_fresh_loader_starts_two_workers_at_least():
     assert _autotune.Tuner(bound=2).active == 2
     assert _autotune.Tuner(bound=3).active == 2
@@ -306,6 +320,7 @@ def test_the_first_look_adds_the_workers_within_a_few_batches(monkeypatch):
     assert first["batch"] <= 8, first
 
 
+@pytest.mark.unit
 def test_a_tiny_epoch_still_gets_its_first_look_after_a_window(monkeypatch):
     class Workers:
         def view(self, w):
@@ -412,6 +427,7 @@ def _depths(tuner, windows):
     return out
 
 
+@pytest.mark.unit
 def test_a_stall_with_idle_workers_deepens_the_queue_up_to_the_most():
     t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
     # 2 workers busy 1 worker-second per second while the loop waited 90%: a line held by a
@@ -424,6 +440,7 @@ def test_a_stall_with_idle_workers_deepens_the_queue_up_to_the_most():
     assert [d["prefetch_factor"] for d in t.snapshot()["decisions"]] == [2, 3, 4, 5, 6, 7, 8]
 
 
+@pytest.mark.unit
 def test_little_idle_or_little_waiting_leaves_the_depth():
     t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
     # idle 0.2 worker-seconds while the loop waited 0.9 s: the workers are the bottleneck
@@ -432,6 +449,7 @@ def test_little_idle_or_little_waiting_leaves_the_depth():
     assert set(_depths(t, [_dwindow(stall=0.03, busy=0.5)] * 6)) == {2}
 
 
+@pytest.mark.unit
 def test_busy_workers_get_no_deeper_queue_but_one_more_worker():
     depth_only = _autotune.Tuner(bound=4, tune_workers=False, depth=2)
     assert set(_depths(depth_only, [_dwindow(busy=1.9)] * 6)) == {2}
@@ -444,6 +462,7 @@ def test_busy_workers_get_no_deeper_queue_but_one_more_worker():
     assert (both.active, both.depth) == (2, 3)
 
 
+@pytest.mark.unit
 def test_the_depth_stays_within_the_shared_memory_cap_and_the_memory_limit():
     GiB_ = GiB
     capped = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
@@ -457,6 +476,7 @@ def test_the_depth_stays_within_the_shared_memory_cap_and_the_memory_limit():
     assert "memory limit" in tight.reason
 
 
+@pytest.mark.unit
 def test_short_windows_add_up_before_the_depth_is_judged():
     t = _autotune.Tuner(bound=2, tune_workers=False, depth=2)
     quarter = _dwindow(seconds=0.25)
@@ -464,6 +484,7 @@ def test_short_windows_add_up_before_the_depth_is_judged():
     assert _depths(t, [quarter]) == [3]
 
 
+@pytest.mark.unit
 def test_a_fixed_depth_is_left_alone():
     t = _autotune.Tuner(bound=4, initial=2)
     for b in range(6):
@@ -618,6 +639,7 @@ def test_a_shallower_queue_after_a_stream_ended_still_delivers_the_other_streams
         assert sorted(int(x) for x in dl) == want
 
 
+@pytest.mark.unit
 def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
     """A worker's counters start from zero when it is restarted: the window it died in would
     read as idle workers while the loop waited (and deepen the queue for no reason)."""
@@ -654,6 +676,7 @@ def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
     assert m.window([0, 1]) is not None  # the next window is judged again
 
 
+@pytest.mark.unit
 def test_a_starting_depth_above_the_most_is_kept():
     t = _autotune.Tuner(bound=2, tune_workers=False, depth=16)
     assert _depths(t, [_dwindow(busy=0.2)] * 4) == [16] * 4

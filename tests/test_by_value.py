@@ -253,6 +253,7 @@ def test_a_class_and_a_function_under_the_scripts_main_guard(tmp_path):
     assert out["by_value"] == [False, True, True], out  # Kept, Rows, collate
 
 
+@pytest.mark.unit
 def test_what_pickles_today_pickles_byte_for_byte():
     def today(obj) -> bytes:  # as Process.start() pickles, with the Popen being started
         from multiprocessing import context
@@ -302,6 +303,7 @@ class _Replaced:
         self.v = v
 
 
+@pytest.mark.unit
 def test_a_reducer_replaced_with_copyreg_is_the_one_used():
     """As each standard Pickler reads copyreg's table anew, a reducer registered again for a
     type replaces the last one in stoker's reused picklers too."""
@@ -318,6 +320,7 @@ def test_a_reducer_replaced_with_copyreg_is_the_one_used():
         copyreg.dispatch_table.pop(_Replaced, None)
 
 
+@pytest.mark.unit
 def test_what_lambdas_share_crosses_once_and_a_memmap_as_its_file(tmp_path):
     """One pickler for the dataset and the by-value functions: an array reached from the
     dataset and from eleven lambdas is laid beside the pickle once (and is one array in the
@@ -342,6 +345,7 @@ def test_what_lambdas_share_crosses_once_and_a_memmap_as_its_file(tmp_path):
         sealed.close()
 
 
+@pytest.mark.unit
 def test_what_still_cannot_cross_is_named_not_the_lambda():
     ds, _, collates = _local_parts()
     ds.guard = threading.Lock()
@@ -482,6 +486,7 @@ def test_a_per_worker_handle_in_the_node_pools_workers(tmp_path, monkeypatch):
     assert ds.db is mine
 
 
+@pytest.mark.unit
 def test_per_worker_is_left_out_of_pickles_and_copies(tmp_path):
     ds = Rows(_table(tmp_path))
     assert not Rows.db.opened(ds)
@@ -531,6 +536,7 @@ def _open_tables(ds, done: list) -> None:
     done.append(ds.tables)
 
 
+@pytest.mark.unit
 def test_per_worker_factories_on_threads_copies_and_garbage():
     """A factory that waits for threads using another per_worker attribute does not deadlock;
     a handle that refers back to its dataset is collected with it; a shallow copy opens its

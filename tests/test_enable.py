@@ -28,6 +28,7 @@ def _disabled():
     stoker.disable()
 
 
+@pytest.mark.unit
 def test_dataloader_calls_torch_init_with_keywords(monkeypatch):
     seen = {}
     original = DataLoader.__init__
@@ -58,6 +59,7 @@ def _recreate(loader):
     return type(loader)(**kwargs)
 
 
+@pytest.mark.unit
 def test_options_are_public_attributes_and_survive_recreation():
     dl = stoker.DataLoader(list(range(8)), batch_size=2, on_error="skip", max_retries=5,
                            hang_timeout=30.0, on_worker_death="raise", max_shared_memory=1 << 30)
@@ -124,6 +126,7 @@ def test_enable_leaves_stoker_dataloader_options_alone():
     assert dl.stats()["served_by"] == "stoker.DataLoader"
 
 
+@pytest.mark.unit
 def test_enable_checks_options():
     with pytest.raises(ValueError, match="on_error must be one of"):
         stoker.enable(on_error="ignore")
@@ -132,6 +135,7 @@ def test_enable_checks_options():
     assert not _enable.is_enabled()
 
 
+@pytest.mark.unit
 def test_enable_is_thread_safe():
     import threading
 

@@ -36,6 +36,7 @@ def test_no_worker_or_fd_survives_errors():
     run_ok("errors.no_worker_or_fd_survives_errors")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "kwargs, exc",
     [

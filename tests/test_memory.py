@@ -39,6 +39,7 @@ def test_workers_wait_for_the_user_and_resume_when_batches_are_dropped():
     run_ok("memory.workers_wait_for_the_user", 60.0, timeout=120)
 
 
+@pytest.mark.unit
 def test_max_shared_memory_values():
     import stoker
     from stoker import _system

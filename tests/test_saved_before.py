@@ -16,6 +16,7 @@ import os
 import pickle
 import types
 
+import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -99,6 +100,7 @@ def test_0_1_loaders_saved_after_a_worker_death_keep_their_deaths_skips_and_quar
     assert len(stoker_loader.deaths) == 1 and len(stoker.stats(torch_loader)["deaths"]) == 1
 
 
+@pytest.mark.unit
 def test_a_copy_of_a_0_1_loader_keeps_its_records_and_pickles_under_todays_names():
     loader = torch.load(WITH_A_DEATH, weights_only=False)["torch_loader"]
     assert type(vars(loader)["_stoker_state"]) is v0_1.LoaderState  # torch's loader: not folded
@@ -120,6 +122,7 @@ class _Recording(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+@pytest.mark.unit
 def test_the_old_names_are_exactly_those_0_1_pickles_name_and_lead_to_todays_classes():
     _Recording.seen.clear()
     _Recording(io.BytesIO(SAVED["loader_pickle"])).load()

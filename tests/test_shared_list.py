@@ -10,6 +10,7 @@ import stoker
 from support.scenarios import run_ok
 
 
+@pytest.mark.unit
 def test_items_round_trip_and_behave_like_a_sequence():
     items = [{"path": "/d/7.jpg", "label": 1}, None, 3.5, "x" * 1000, (1, [2, 3])]
     sl = stoker.SharedList(items)
@@ -27,6 +28,7 @@ def test_reading_does_not_grow_a_forked_workers_memory():
     run_ok("shared_list.reading_does_not_grow_a_forked_child", timeout=120)
 
 
+@pytest.mark.unit
 def test_pickling_outside_a_worker_start_still_works():
     sl = stoker.SharedList([1, 2, 3])
     assert list(pickle.loads(pickle.dumps(sl))) == [1, 2, 3]
@@ -40,6 +42,7 @@ class _Point:
         return isinstance(other, _Point) and other.x == self.x
 
 
+@pytest.mark.unit
 def test_every_shape_comes_back_equal_and_of_its_type():
     """What the engine lays out (dicts with str keys, lists, tuples, str, bytes, ints, floats,
     bools, None, nested) and what it pickles in place (a class of its own, a big int, a str
@@ -73,6 +76,7 @@ def test_every_shape_comes_back_equal_and_of_its_type():
     assert type(sl[5]["od"]) is collections.OrderedDict
 
 
+@pytest.mark.unit
 def test_a_list_of_a_million_records_is_compact_and_read_without_pickle():
     records = ({"path": f"/data/{k:07d}.jpg", "label": k % 1000, "size": 1000 + k % 977}
                for k in range(1_000_000))
@@ -83,6 +87,7 @@ def test_a_list_of_a_million_records_is_compact_and_read_without_pickle():
     assert sl[-1]["label"] == 999 and sl[999_999]["path"].endswith("0999999.jpg")
 
 
+@pytest.mark.unit
 def test_a_corrupt_buffer_raises_instead_of_reading_past_it():
     sl = stoker.SharedList([{"a": "x" * 100}, [1, 2, 3]])
     raw = bytearray(sl._map)
@@ -97,6 +102,7 @@ def test_a_corrupt_buffer_raises_instead_of_reading_past_it():
         list(stoker._shared_list._from_buffer(bytes(raw)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("offsets_at, count", [(2**63 - 8, 0), (48, 2**61), (-5, 1)])
 def test_a_header_that_does_not_fit_its_buffer_raises(offsets_at, count):
     from stoker import _shared_list
@@ -109,6 +115,7 @@ def test_a_header_that_does_not_fit_its_buffer_raises(offsets_at, count):
         _shared_list._from_buffer(bytes(raw))
 
 
+@pytest.mark.unit
 def test_it_is_a_sequence_with_slices_and_search():
     from collections.abc import Sequence
 

@@ -65,6 +65,7 @@ def test_objects_come_back_equal_shared_and_copy_on_write(tmp_path):
     assert set(os.listdir("/proc/self/fd")) == fds_before
 
 
+@pytest.mark.unit
 def test_the_memfd_is_sealed():
     import fcntl
 
@@ -78,6 +79,7 @@ def test_the_memfd_is_sealed():
         sealed.close()
 
 
+@pytest.mark.unit
 def test_an_unpicklable_dataset_raises_what_pickle_raises():
     import threading
 
@@ -121,6 +123,7 @@ def test_no_descriptor_is_left_when_pickling_fails_midway_or_the_sealed_is_dropp
     assert set(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.unit
 def test_a_tensor_in_shared_memory_stays_shared_and_copy_on_write_memmaps_keep_changes(
         tmp_path):
     t = torch.zeros(8).share_memory_()
@@ -137,6 +140,7 @@ def test_a_tensor_in_shared_memory_stays_shared_and_copy_on_write_memmaps_keep_c
     assert float(got["c"][0]) == 7.0  # copied, with the main process's changes
 
 
+@pytest.mark.unit
 def test_what_counts_one_receiver_a_pickle_is_pickled_per_worker():
     from stoker.engine.sealed import PerWorker
 

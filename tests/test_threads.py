@@ -59,6 +59,7 @@ def _judge(w, samples, wall_s, cpu_s):
     raise AssertionError(f"no decision at width {w.now}")
 
 
+@pytest.mark.unit
 def test_auto_widens_while_waiting_and_ignores_a_short_batch():
     from stoker.engine.inflight import Width
 
@@ -75,6 +76,7 @@ def test_auto_widens_while_waiting_and_ignores_a_short_batch():
     assert w.now >= wide and not w.settled
 
 
+@pytest.mark.unit
 def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
     from stoker.engine.inflight import Width
 
@@ -88,6 +90,7 @@ def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
         assert w.settled and w.now == (wide if kept else start), (rate_after, w.now)
 
 
+@pytest.mark.unit
 def test_auto_stays_at_one_thread_when_the_worker_computes():
     from stoker.engine.inflight import Width
 

@@ -4,6 +4,8 @@ The scenarios run in a fresh interpreter each: tests/scenarios/hangs_and_errors.
 
 from __future__ import annotations
 
+import pytest
+
 from support.scenarios import run_ok
 
 
@@ -29,6 +31,7 @@ def test_on_error_retry_recovers_transient_errors():
     run_ok("hangs_and_errors.retry_recovers_transient_errors")
 
 
+@pytest.mark.unit
 def test_policies_are_validated():
     import pytest
 
