@@ -5,6 +5,8 @@ iterated with workers).
     .venv/bin/python tools/mutate.py                 # stage, check the imports, run, report
     .venv/bin/python tools/mutate.py --report-only   # the report of the last run again
     .venv/bin/python tools/mutate.py --survivors     # and the diff of every surviving mutant
+    .venv/bin/python tools/mutate.py --rev HEAD      # a commit's package and tests, not the
+        working tree's (what others have half-edited stays out; the extension is the installed)
     .venv/bin/python tools/mutate.py --stage-only    # stage only: then the fast tier runs
         against the source tree with PYTHONPATH=build/mutate/src .venv/bin/python -m pytest ...
 
@@ -105,20 +107,35 @@ def _ignore(_dir, names):
     return [n for n in names if n in ("__pycache__", ".pytest_cache") or n.endswith(".pyc")]
 
 
-def stage(modules) -> None:
-    """build/mutate: src/stoker (the source and the installed extension), tests/, setup.cfg."""
+def stage(modules, rev: str | None = None) -> None:
+    """build/mutate: src/stoker (the source and the installed extension), tests/, setup.cfg;
+    from the working tree, or from commit `rev` (what others have half-edited stays out)."""
     shutil.rmtree(STAGE, ignore_errors=True)
     os.makedirs(STAGE)
+    root = ROOT
+    if rev is not None:
+        root = os.path.join(STAGE, "rev")
+        os.makedirs(root)
+        archive = subprocess.run(["git", "archive", rev, "python/stoker", "tests",
+                                  *ALSO_STAGED], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", root], input=archive.stdout, check=True)
     src = os.path.join(STAGE, "src", "stoker")
-    shutil.copytree(os.path.join(ROOT, "python", "stoker"), src, ignore=_ignore)
+    shutil.copytree(os.path.join(root, "python", "stoker"), src, ignore=_ignore)
     shutil.copy2(_installed_extension(), src)
-    shutil.copytree(os.path.join(ROOT, "tests"), os.path.join(STAGE, "tests"), ignore=_ignore)
+    shutil.copytree(os.path.join(root, "tests"), os.path.join(STAGE, "tests"), ignore=_ignore)
     for name in ALSO_STAGED:
-        path = os.path.join(ROOT, name)
+        path = os.path.join(root, name)
         if os.path.isdir(path):
             shutil.copytree(path, os.path.join(STAGE, name), ignore=_ignore)
         else:
             shutil.copy2(path, STAGE)
+    if rev is not None:
+        shutil.rmtree(root)
+    commit = subprocess.run(["git", "rev-parse", "--short=12", rev or "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(STAGE, "staged.json"), "w") as f:
+        json.dump({"commit": commit, "working_tree": rev is None,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f)
     indent = "    "
     with open(os.path.join(STAGE, "setup.cfg"), "w") as f:
         f.write(SETUP_CFG.format(
@@ -200,6 +217,16 @@ def results(modules) -> dict:
     return out
 
 
+def staged() -> str:
+    try:
+        with open(os.path.join(STAGE, "staged.json")) as f:
+            d = json.load(f)
+    except OSError:
+        return ""
+    what = "the working tree at" if d["working_tree"] else "commit"
+    return f"{d['date']}, {what} {d['commit']}\n\n"
+
+
 def table(res) -> str:
     rows = ["| module | mutants | killed | timeout | survived | no tests | score |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -246,6 +273,7 @@ def main() -> int:
                     help="stage the package and check the imports, nothing more (then "
                          "PYTHONPATH=build/mutate/src runs tests against the source tree)")
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--rev", help="stage this commit (HEAD, say) rather than the working tree")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--modules", nargs="*", help="a subset of the modules (paths under stoker/)")
     args = ap.parse_args()
@@ -255,7 +283,7 @@ def main() -> int:
         sys.exit(f"tools/mutate.py: not a module of the mutation run: {unknown}")
     t0 = time.monotonic()
     if not args.report_only:
-        stage(modules)
+        stage(modules, args.rev)
         preflight()
         if args.stage_only:
             return 0
@@ -264,7 +292,7 @@ def main() -> int:
             print(f"tools/mutate.py: mutmut exited with {rc}", file=sys.stderr)
             return rc
     res = results(modules)
-    text = table(res)
+    text = staged() + table(res)
     rest = survivors(res, args.survivors)
     with open(os.path.join(STAGE, "report.md"), "w") as f:
         f.write(text + "\n\n" + rest + "\n")

@@ -698,3 +698,60 @@ def test_a_stream_worker_restarts_only_from_a_known_position():
     c.observe(StreamState(task=3, worker=1, state={"iterator": 3}))
     c.observe(BatchReady(task=3, worker=1, batch=None))
     assert c.restart_state(1) == (True, {"iterator": 3})
+
+
+_WARNING = "stoker: this state was saved with num_workers="
+
+
+def _warned(caplog):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(_WARNING)]
+
+
+def test_a_loaded_finished_states_other_workers_are_warned_of_as_the_epoch_begins(caplog):
+    loader = _map(num_workers=2, persistent_workers=True)
+    c, rec = _cursor(loader)
+    rec.resume.carry, rec.resume.carry_workers = {0: {"dataset": 1}}, 3
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        assert c.starting_stream_states() == {}  # (workers starting: no warning yet)
+        with c.drawing_base_seed():
+            pass
+        assert _warned(caplog) == []
+        start = _begin(c, loader)
+    assert start.stream_states == {}
+    assert len(_warned(caplog)) == 1 and "num_workers=3 and is resumed with 2" in _warned(caplog)[0]
+
+
+def test_num_workers_0_is_not_warned_twice(caplog):
+    loader = _map()
+    c, rec = _cursor(loader)
+    rec.resume.carry, rec.resume.carry_workers = {0: {"dataset": 1}}, 2
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        with c.drawing_base_seed():  # (no warning here: the epoch's begin warns)
+            pass
+        assert _warned(caplog) == []
+        _begin(c, loader)
+    assert len(_warned(caplog)) == 1
+
+
+def test_a_pending_states_other_workers_are_warned_of_as_the_epoch_begins(caplog):
+    loader = _map(num_workers=2)
+    c, rec = _cursor(loader)
+    rec.resume.pending = _pending(worker_states=((0, {"rng": 1}),), workers=3)
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        assert c.starting_stream_states() == {}
+        assert _warned(caplog) == []
+        start = _begin(c, loader)
+    assert start.stream_states == {} and len(_warned(caplog)) == 1
+
+
+def test_states_saved_without_workers_but_not_worker_0s():
+    loader = _map(num_workers=2)
+    c, _ = _cursor(loader)
+    assert c._usable({1: {"dataset": 1}}, 0, loader, warn=False) == {}
+
+
+def test_a_worker_that_sent_no_state_can_restart():
+    loader = _map(num_workers=2)
+    c, _ = _cursor(loader)
+    _begin(c, loader)
+    assert c.can_restart_stream(0) is True

@@ -465,3 +465,98 @@ def test_now_is_the_clock_and_the_cpu():
     assert inflight._call(_load, 2) == (True, 4, None)
     ok, value, e = inflight._call_with((_load, "bad"))
     assert (ok, value) == (False, None) and isinstance(e, KeyError)
+
+
+def test_resolve_on_a_loop_owner_returns_falsy_values_and_raises_the_error():
+    fl = InFlight(AsyncItem(), 2)
+
+    async def zero():
+        return 0
+
+    async def bad():
+        raise ValueError("v")
+
+    assert resolve(zero(), fl) == 0
+    with pytest.raises(ValueError, match="^v$"):
+        resolve(bad(), fl)
+    fl.close()
+
+
+class _Clock:
+    """inflight._now, made up: each call returns the next (wall, cpu)."""
+
+    def __init__(self, *times):
+        self.times = list(times)
+
+    def __call__(self):
+        return self.times.pop(0)
+
+
+def _observed(fl):
+    seen = []
+    fl.width.observe = lambda n, wall, cpu: seen.append((n, wall, cpu))
+    return seen
+
+
+def test_a_batch_is_timed_from_its_start(monkeypatch):
+    fl = InFlight(Plain(), "auto")
+    seen = _observed(fl)
+    monkeypatch.setattr(inflight, "_now", _Clock((1.0, 0.5), (11.0, 2.5)))
+    fl.map(_load, [1, 2, 3])
+    assert seen == [(3, 10.0, 2.0)]
+    fl.close()
+
+
+def test_a_batch_started_ahead_is_timed_from_when_the_one_before_was_done(monkeypatch):
+    fl = InFlight(Plain(), "auto")
+    seen = _observed(fl)
+    monkeypatch.setattr(inflight, "_now", _Clock(
+        (0.0, 0.0), (10.0, 1.0),  # the batch before: done at 10 s
+        (5.0, 0.5),  # the next started ahead at 5 s (while it loaded)
+        (20.0, 2.0), (30.0, 3.0)))  # the next taken up at 20 s, done at 30 s
+    fl.map(_load, [1, 2])
+    fl.start_ahead("b", _load, [3, 4])
+    fl.map(_load, [3, 4], key="b")
+    assert seen == [(2, 10.0, 1.0), (2, 20.0, 2.0)]  # from 10 s: the delivery after the last
+    fl.close()
+
+
+def test_a_batch_started_ahead_later_is_timed_from_its_start(monkeypatch):
+    fl = InFlight(Plain(), "auto")
+    seen = _observed(fl)
+    monkeypatch.setattr(inflight, "_now", _Clock(
+        (0.0, 0.0), (10.0, 1.0), (12.0, 1.5), (20.0, 2.0), (30.0, 3.0)))
+    fl.map(_load, [1, 2])
+    fl.start_ahead("b", _load, [3, 4])
+    fl.map(_load, [3, 4], key="b")
+    assert seen == [(2, 10.0, 1.0), (2, 18.0, 1.5)]
+    fl.close()
+
+
+def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
+    fl = InFlight(Plain(), 2)
+    seen = _observed(fl)
+    monkeypatch.setattr(inflight, "_now", _Clock((5.0, 0.5), (3.0, 0.1), (9.0, 1.0)))
+    fl.start_ahead("a", _load, [1, 2])
+    fl.map(_load, [1, 2], key="a")  # nothing was done before it: from when it started
+    assert seen == [(2, 4.0, 0.5)]
+    fl.close()
+
+
+def test_a_batch_started_ahead_asks_for_the_next_too():
+    fl = InFlight(Plain(), 4)
+    fl.start_ahead("a", _load, [1, 2, 3])
+    asked = []
+    fl.map(_load, [1, 2, 3], key="a", lookahead=lambda: asked.append(1) or False)
+    assert asked == [1]
+    fl.close()
+
+
+def test_the_window_counts_samples_from_zero_after_a_fresh_batch():
+    w = Width("auto")
+    w.observe(5, 1.0, 0.01)  # (fresh)
+    for _ in range(3):
+        w.observe(5, 1.0, 0.1)  # 5, 10, 15 samples: below 2 rounds of 8
+    assert (w.now, w.settled) == (8, False)
+    w.observe(5, 1.0, 0.1)  # 20: judged (no wider than the batch: it stays)
+    assert (w.now, w.settled) == (8, True)

@@ -443,3 +443,9 @@ def test_the_batches_of_an_elastic_epoch_are_this_ranks_share():
     assert str(info.value) == _msg("position", 4, "at most the 3 batches of the saved epoch")
     assert validate._batches_in_epoch(_fields(), dist) == len(dist) == 3
     assert validate._batches_in_epoch(_fields(), DataLoader(_Stream(), batch_size=2)) is None
+
+
+def test_a_workers_state_with_every_key_is_checked():
+    every = {"dataset": 1, "iterator": 2, "self": 3, "position": -1, "rng": None, "ended": False}
+    _refused(validate.check_fields, _fields(worker_states=((0, every),)),
+             "worker_states (worker 0)", every, "a stream position (an int >= 0)")
