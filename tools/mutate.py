@@ -19,7 +19,7 @@ mutated copy. Before the run, a pre-flight check proves it: ``stoker.__file__`` 
 staged tree, and a deliberately broken staged module must make its tests fail. The source tree
 is never written to.
 
-Not in CI: it takes tens of minutes on two cores.
+Not in CI: about eleven minutes on two cores (2,559 mutants).
 """
 
 from __future__ import annotations
