@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from scenarios.probes import alive
 from support.scenarios import run_ok, start_running_loader
 
@@ -49,6 +51,7 @@ def test_low_fd_limit_with_many_held_batches():
     run_ok("lifecycle.low_fd_limit_with_held_batches", timeout=120)
 
 
+@pytest.mark.timeout(700)  # (the scenario's own bound is 600 s)
 def test_create_iterate_destroy_cycles_leak_nothing():
     run_ok("lifecycle.create_iterate_destroy_cycles", timeout=600)
 

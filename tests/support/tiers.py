@@ -16,6 +16,7 @@ hang in the test's own process fails that test instead of eating CI's run;
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import subprocess
@@ -69,6 +70,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: {what}")
 
 
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects by the markers it adds)
 def pytest_collection_modifyitems(config, items):
     lift = os.environ.get("STOKER_TEST_TIMEOUT_S") == "0"
     for item in items:
@@ -90,6 +92,10 @@ def _unit_starts_no_process(request, monkeypatch):
             monkeypatch.setattr(os, name, _refuse)
     monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse)
     monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", _refuse)
+    # a fork server an earlier test started forks without any call above in this process
+    monkeypatch.setattr(multiprocessing.forkserver.ForkServer, "connect_to_new_process",
+                        _refuse)
+    monkeypatch.setattr(multiprocessing.forkserver, "connect_to_new_process", _refuse)
     _started.clear()
     yield
     assert not _started, f"a unit test started a process: {_started}"

@@ -190,9 +190,10 @@ def test_a_copy_made_by_fork_is_not_usable():
 
 
 def test_close_ends_the_threads():
-    g = Gate(2)
+    g = Gate(2, name="close-check")
     [f.result(WAIT_S) for f in [g.submit(lambda x: x, i) for i in range(4)]]
-    threads = list(g._threads)
+    threads = [t for t in threading.enumerate() if t.name.startswith("close-check_")]
+    assert len(threads) == g.threads
     g.close()
     for t in threads:
         t.join(WAIT_S)

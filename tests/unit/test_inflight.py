@@ -333,3 +333,45 @@ def test_raise_raises_the_first_failure_in_sampler_order():
     with pytest.raises(OSError, match="index 3"):
         f.fetch(list(range(8)), task=0)
     f.close()
+
+
+# -- what the review found ----------------------------------------------------------------------------
+def test_a_gate_no_one_holds_ends_its_threads():
+    """A single-process iterator makes an InFlight per epoch and never closes it: its gate's
+    threads end as it is collected (they held the gate before, and piled up epoch after epoch)."""
+    import gc
+
+    def live():
+        return [t for t in threading.enumerate() if t.name.startswith("leak-check_")]
+
+    for _ in range(3):
+        gate = Gate(4, name="leak-check")
+        assert [f.result(WAIT_S) for f in [gate.submit(lambda i: i, i) for i in range(8)]]
+        assert gate.threads >= 1
+        del gate
+        gc.collect()
+    for t in live():
+        t.join(WAIT_S)
+    assert not live()
+
+
+def test_a_retry_on_the_callers_thread_counts_against_the_width():
+    """A sample retried one at a time on the worker's main thread (its status page names it)
+    while the next batch, started ahead, loads on the gate: never more than the width at once."""
+    fl = InFlight(Plain(), 2)
+    hold = threading.Event()
+    load = Counting(hold=hold, held={10, 11})
+    fl.start_ahead(1, load, [10, 11])  # two places taken
+    for _ in range(2):
+        assert load.started.acquire(timeout=WAIT_S)
+    done = []
+    retry = threading.Thread(target=lambda: done.append(fl.map(load, [3], serial=True)))
+    retry.start()
+    assert not load.started.acquire(timeout=0.2)  # (it waits for a place: a bound, no timing)
+    assert load.calls[3] == 0
+    hold.set()
+    retry.join(WAIT_S)
+    assert values(done[0]) == [30] and load.most == 2
+    assert values(fl.map(load, [10, 11], key=1)) == [100, 110]
+    assert set(load.calls.values()) == {1}
+    fl.close()

@@ -8,19 +8,26 @@ batch started ahead, the batch after a narrowing), the bound is the gate's, not 
 swap of thread pools on a width change could let the old pool's loads and the new pool's run side
 by side.
 
-Threads are started as the width and the queue need them (never more than the widest width the
-gate had) and live until ``close()``; they are daemon threads of the process that made the gate (a
-copy made by fork has none: ``usable()`` is False there, and the copy must not be used).
+A load the caller runs on its own thread (one sample at a time, so that the worker's status page
+names it: a retry, a batch re-issued after a death) takes a place at the gate too (``place()``),
+so it counts against the width beside the loads of a batch started ahead.
 
-Thread contract: ``submit``, ``resize``, ``running`` and ``close`` may be called from any thread;
-the loads run on the gate's threads (a load must be thread-safe against the others).
+Threads are started as the width and the queue need them (never more than the widest width the
+gate had) and live until ``close()`` or until the gate is collected (they hold what they share
+with it, not the gate); they are daemon threads of the process that made the gate (a copy made
+by fork has none: ``usable()`` is False there, and the copy must not be used).
+
+Thread contract: ``submit``, ``place``, ``resize``, ``running`` and ``close`` may be called from
+any thread; the loads run on the gate's threads (a load must be thread-safe against the others).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
+import weakref
 from concurrent.futures import Future
 
 
@@ -30,104 +37,159 @@ class Gate:
     def __init__(self, width: int, name: str = "stoker-sample"):
         if width < 1:
             raise ValueError(f"a gate's width is at least 1, got {width}")
-        self._cv = threading.Condition()
-        self._width = width
-        self._running = 0
-        self._queue: collections.deque = collections.deque()  # (future, fn, arg)
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-        self._name = name
+        self._s = _State(width, name)
         self._pid = os.getpid()
-        self.peak = 0  # the most loads that ever ran at once
+        # Its threads hold the state, not the gate: a gate no one holds any more (a
+        # single-process iterator's, after its epoch) ends its threads as it is collected.
+        weakref.finalize(self, self._s.close)
 
     @property
     def width(self) -> int:
-        return self._width
+        return self._s.width
 
     @property
     def running(self) -> int:
-        """How many loads run now."""
-        return self._running
+        """How many loads run now (those of ``place()`` included)."""
+        return self._s.running
 
     @property
     def threads(self) -> int:
         """How many threads the gate has started."""
-        return len(self._threads)
+        return len(self._s.threads)
+
+    @property
+    def peak(self) -> int:
+        """The most loads that ever ran at once."""
+        return self._s.peak
 
     def usable(self) -> bool:
         """False in a copy of the gate made by fork (it has no threads) and once closed."""
-        return self._pid == os.getpid() and not self._closed
+        return self._pid == os.getpid() and not self._s.closed
 
     def submit(self, fn, arg) -> Future:
-        """A future for ``fn(arg)``, run once a place at the gate is free."""
+        """A future for ``fn(arg)``, run on a thread of the gate once a place is free."""
         future: Future = Future()
-        with self._cv:
-            if self._closed:
+        s = self._s
+        with s.cv:
+            if s.closed:
                 raise RuntimeError("stoker: the gate is closed")
-            self._queue.append((future, fn, arg))
-            self._enough_threads()
-            self._cv.notify()
+            s.queue.append((future, fn, arg))
+            s.enough_threads()
+            s.cv.notify()
         return future
+
+    @contextlib.contextmanager
+    def place(self):
+        """A place at the gate for a load the calling thread runs itself (one sample at a time
+        on the worker's main thread, which names it on the status page): waits until fewer
+        than the width run, ahead of what waits in the queue (the batch loading now comes
+        before the next one started ahead)."""
+        s = self._s
+        with s.cv:
+            s.placing += 1
+            try:
+                s.cv.wait_for(lambda: s.running < s.width)
+            finally:
+                s.placing -= 1
+            s.took_place()
+        try:
+            yield
+        finally:
+            with s.cv:
+                s.left_place()
 
     def resize(self, width: int) -> None:
         """From now on at most `width` at once (loads running past it finish)."""
         if width < 1:
             raise ValueError(f"a gate's width is at least 1, got {width}")
-        with self._cv:
-            widened = width > self._width
-            self._width = width
+        s = self._s
+        with s.cv:
+            widened = width > s.width
+            s.width = width
             if widened:
-                self._enough_threads()
-                self._cv.notify_all()
+                s.enough_threads()
+                s.cv.notify_all()
 
     def cancel_waiting(self) -> None:
         """Cancels the loads that have not started (their futures say so)."""
-        with self._cv:
-            waiting, self._queue = self._queue, collections.deque()
+        s = self._s
+        with s.cv:
+            waiting, s.queue = s.queue, collections.deque()
         for future, _, _ in waiting:
             future.cancel()
 
     def close(self) -> None:
         """Cancels what waits; the threads end once their load (if any) is done."""
-        with self._cv:
-            self._closed = True
-            waiting, self._queue = self._queue, collections.deque()
-            self._cv.notify_all()
+        self._s.close()
+
+
+class _State:
+    """What a gate's threads share with it (they hold this, never the Gate). All fields under
+    `cv`."""
+
+    def __init__(self, width: int, name: str):
+        self.cv = threading.Condition()
+        self.width = width
+        self.running = 0
+        self.peak = 0
+        self.placing = 0  # threads waiting in Gate.place()
+        self.queue: collections.deque = collections.deque()  # (future, fn, arg)
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+        self.name = name
+        self.pid = os.getpid()
+
+    def took_place(self) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+
+    def left_place(self) -> None:
+        self.running -= 1
+        if self.running < self.width:
+            if self.placing:  # (its predicate is not the threads': wake every waiter)
+                self.cv.notify_all()
+            elif self.queue:
+                self.cv.notify()
+
+    def close(self) -> None:
+        if self.pid != os.getpid():
+            return  # (a copy made by fork: its threads are the parent's)
+        with self.cv:
+            self.closed = True
+            waiting, self.queue = self.queue, collections.deque()
+            self.cv.notify_all()
         for future, _, _ in waiting:
             future.cancel()
 
-    # -- its threads -----------------------------------------------------------------------------
-    def _enough_threads(self) -> None:
+    def enough_threads(self) -> None:
         # (with the lock) a thread for each load that may start now: those running plus those
         # waiting, up to the width
-        need = min(self._width, self._running + len(self._queue))
-        while len(self._threads) < need:
-            t = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._threads)}",
-                                 daemon=True)
-            self._threads.append(t)
+        need = min(self.width, self.running + len(self.queue))
+        while len(self.threads) < need:
+            t = threading.Thread(target=_serve, args=(self,),
+                                 name=f"{self.name}_{len(self.threads)}", daemon=True)
+            self.threads.append(t)
             t.start()
 
-    def _serve(self) -> None:
-        cv = self._cv
-        while True:
+
+def _serve(s: _State) -> None:
+    cv = s.cv
+    while True:
+        with cv:
+            while not s.closed and (not s.queue or s.running >= s.width):
+                cv.wait()
+            if s.closed:
+                return
+            future, fn, arg = s.queue.popleft()
+            s.took_place()
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(arg)
+                except BaseException as e:  # the future holds it for the one who waits
+                    future.set_exception(e)
+                else:
+                    future.set_result(result)
+        finally:
             with cv:
-                while not self._closed and (not self._queue or self._running >= self._width):
-                    cv.wait()
-                if self._closed:
-                    return
-                future, fn, arg = self._queue.popleft()
-                self._running += 1
-                self.peak = max(self.peak, self._running)
-            try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        result = fn(arg)
-                    except BaseException as e:  # the future holds it for the one who waits
-                        future.set_exception(e)
-                    else:
-                        future.set_result(result)
-            finally:
-                with cv:
-                    self._running -= 1
-                    if self._queue and self._running < self._width:
-                        cv.notify()
+                s.left_place()

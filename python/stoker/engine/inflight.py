@@ -195,10 +195,16 @@ class InFlight:
             out = self._run_async(load, items, n, progress)
         elif ahead is not None:
             out = self._wait(ahead, progress, lookahead)
-        elif n <= 1:
+        elif n <= 1:  # on this thread (the status page names each sample), each load in a
+            # place at the gate, if there is one (what was started ahead may still load on it)
+            gate = self._gate if self._gate is not None and self._gate.usable() else None
             out = []
             for it in items:
-                out.append(_call(load, it))
+                if gate is None:
+                    out.append(_call(load, it))
+                else:
+                    with gate.place():
+                        out.append(_call(load, it))
                 if progress is not None:
                     progress()
         else:
@@ -244,7 +250,12 @@ class InFlight:
     def drop_ahead(self) -> None:
         """Forgets the batches started ahead (a new epoch: none is left to take them up): what
         has not started never does, what runs is waited for (nothing of an epoch loads in the
-        next)."""
+        next). In a copy made by fork they are only forgotten (their threads are the
+        parent's)."""
+        if self._gate is not None and not self._gate.usable():
+            self._ahead.clear()  # (their futures' locks may be held by the parent's threads)
+            self._ahead_at.clear()
+            return
         for futures in self._ahead.values():
             for f in futures:
                 f.cancel()
