@@ -246,8 +246,41 @@ def test_drop_ahead_cancels_what_has_not_started():
         assert load.started.acquire(timeout=WAIT_S)
     hold.set()
     fl.drop_ahead()  # waits for the two running, cancels the rest
-    assert sum(load.calls.values()) == 2
+    # a load handed to the gate now runs after whatever still waited there (first in, first
+    # out): had the four not been cancelled, they would have run before it
+    assert values(fl.map(load, [98, 99])) == [980, 990]
+    assert sorted(load.calls) == [0, 1, 98, 99]
     fl.close()
+
+
+def _forked_copy_of(fl: InFlight) -> None:
+    """What a fork makes of `fl` (its gate's threads are the parent's): the gate's maker is
+    another process."""
+    fl._gate._pid = -1  # noqa: SLF001 (as Gate.usable() sees a copy)
+
+
+def test_a_forked_copy_forgets_what_was_started_ahead_without_waiting():
+    fl = InFlight(Plain(), 1)
+    fl.width.now = 2
+    hold = threading.Event()
+    load = Counting(hold=hold, held=set(range(4)))
+    fl.start_ahead(5, load, list(range(4)))
+    for _ in range(2):
+        assert load.started.acquire(timeout=WAIT_S)
+    gate = fl._gate  # noqa: SLF001
+    _forked_copy_of(fl)
+    dropping = threading.Thread(target=fl.drop_ahead, daemon=True)
+    dropping.start()
+    dropping.join(WAIT_S)  # (waiting on the parent's loads would never end in a real copy)
+    assert not dropping.is_alive()
+    # one at a time, the copy does not wait for a place at the parent's gate (two places
+    # taken by loads that are the parent's)
+    alone = threading.Thread(target=lambda: fl.map(load, [50], serial=True), daemon=True)
+    alone.start()
+    alone.join(WAIT_S)
+    assert not alone.is_alive() and load.calls[50] == 1
+    hold.set()
+    gate.close()
 
 
 # -- the default: async datasets run concurrently ---------------------------------------------------
