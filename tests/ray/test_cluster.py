@@ -99,9 +99,16 @@ def test_a_mixed_loader_splits_the_cap_and_held_batches_end_in_shared_memory_lim
         for b in loader:
             kept.append(b)
     msg = str(err.value)
-    assert "worker 1 (a Ray actor)" in msg and "share of max_shared_memory is 8.0 MiB" in msg, msg
+    # Either worker's share is half the cap. The actor usually fills its share first (its
+    # patience is 3 s); where its start takes longer than the local worker's patience (30 s
+    # here, on a loaded 2-core machine, at this commit and the one before it), the local
+    # worker fills its share first, with one batch held, and is the one named.
+    assert "share of max_shared_memory is 8.0 MiB" in msg, msg
+    if "worker 1 (a Ray actor)" in msg:
+        assert 2 <= len(kept) < 40, len(kept)
+    else:
+        assert msg.startswith("worker 0 needs") and 1 <= len(kept) < 40, (len(kept), msg)
     assert "still held by your code" in msg and "In all, your code holds" in msg, msg
-    assert 2 <= len(kept) < 40, len(kept)
     del kept, loader
 
 
