@@ -408,3 +408,18 @@ def test_a_retry_on_the_callers_thread_counts_against_the_width():
     assert values(fl.map(load, [10, 11], key=1)) == [100, 110]
     assert set(load.calls.values()) == {1}
     fl.close()
+
+
+def test_the_interpreter_exits_with_a_gate_open():
+    """A gate nobody closed (a single-process loader's, say) is closed as the interpreter exits:
+    its threads end before finalization (as daemons they could be inside torch's C++ code then,
+    and abort the process), and an idle gate does not keep the process from exiting."""
+    from stoker.engine import gate as gate_module
+
+    g = Gate(3)
+    assert [f.result(WAIT_S) for f in [g.submit(lambda i: i, i) for i in range(6)]]
+    gate_module._close_all()  # what threading's exit hook calls  # noqa: SLF001
+    assert not g.usable()
+    for t in [t for t in threading.enumerate() if t.name.startswith("stoker-sample_")]:
+        t.join(WAIT_S)
+        assert not t.is_alive()

@@ -13,9 +13,10 @@ names it: a retry, a batch re-issued after a death) takes a place at the gate to
 so it counts against the width beside the loads of a batch started ahead.
 
 Threads are started as the width and the queue need them (never more than the widest width the
-gate had) and live until ``close()`` or until the gate is collected (they hold what they share
-with it, not the gate); they are daemon threads of the process that made the gate (a copy made
-by fork has none: ``usable()`` is False there, and the copy must not be used).
+gate had) and live until ``close()``, until the gate is collected (they hold what they share
+with it, not the gate) or until the interpreter exits (every gate is closed then, and its
+threads joined, as concurrent.futures does for its pools). A copy made by fork has none:
+``usable()`` is False there, and the copy must not be used.
 
 Thread contract: ``submit``, ``place``, ``resize``, ``running`` and ``close`` may be called from
 any thread; the loads run on the gate's threads (a load must be thread-safe against the others).
@@ -138,6 +139,7 @@ class _State:
         self.closed = False
         self.name = name
         self.pid = os.getpid()
+        _live.add(self)
 
     def took_place(self) -> None:
         self.running += 1
@@ -167,9 +169,25 @@ class _State:
         need = min(self.width, self.running + len(self.queue))
         while len(self.threads) < need:
             t = threading.Thread(target=_serve, args=(self,),
-                                 name=f"{self.name}_{len(self.threads)}", daemon=True)
+                                 name=f"{self.name}_{len(self.threads)}")
             self.threads.append(t)
             t.start()
+
+
+# Every gate's state, closed as the interpreter begins to exit, before it joins its threads (as
+# concurrent.futures does for its pools): a thread that waits for loads ends, one that loads
+# ends after that load. Threads that lived on as daemons into the interpreter's finalization
+# could be inside torch's C++ code then, where Python ends a thread by unwinding it: "terminate
+# called without an active exception" and an abort.
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for s in list(_live):
+        s.close()
+
+
+threading._register_atexit(_close_all)  # type: ignore[attr-defined]
 
 
 def _serve(s: _State) -> None:
