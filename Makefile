@@ -132,7 +132,7 @@ sanitize-extension: $(DEPS)
 # Mutation testing of the pure parts (docs/mutation.md): mutmut over the modules that need no
 # process, against the unit tier, on a staged copy of the package that the tests import
 # (tools/mutate.py); per-module scores in build/mutate/report.md. Not in CI: ~11 minutes on two
-# cores. MUTATE_ARGS="--rev HEAD" stages a commit, "--modules resume/order.py" a subset.
+# cores. MUTATE_ARGS="--rev HEAD" stages a commit, "--modules loader/resume/order.py" a subset.
 mutate: install
 	$(VPY) -m pip install -q "mutmut==3.8.1"
 	$(VPY) tools/mutate.py --survivors $(MUTATE_ARGS)

@@ -13,8 +13,8 @@ import time
 import torch
 
 import stoker
-from stoker.bench.harness import Consumer
-from stoker.bench.workloads import WORKLOADS
+from stoker.tools.bench.harness import Consumer
+from stoker.tools.bench.workloads import WORKLOADS
 
 
 def main(workload: str, workers: int) -> None:

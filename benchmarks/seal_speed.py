@@ -1,4 +1,4 @@
-"""How long sealing a dataset for spawn/forkserver workers takes (``engine.sealed.Sealed``: the
+"""How long sealing a dataset for spawn/forkserver workers takes (``wire.sealed.Sealed``: the
 one pickle every worker maps), for a dataset of many small Python objects, where a pickler's
 per-object cost shows: `--items` dicts of a path, a label and a box, and one 64-float array per
 ten items. Best of `--rounds`, torch imported (as under a training script).
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch  # noqa: F401 (stoker's pickling rules look for it)
 
-from stoker.engine.sealed import Sealed
+from stoker.wire.sealed import Sealed
 
 
 class Metadata:

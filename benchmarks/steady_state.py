@@ -17,8 +17,8 @@ import psutil
 import torch
 
 import stoker
-from stoker.bench.harness import Consumer
-from stoker.bench.workloads import WORKLOADS
+from stoker.tools.bench.harness import Consumer
+from stoker.tools.bench.workloads import WORKLOADS
 
 
 def _cpu_seconds(me: psutil.Process) -> dict:

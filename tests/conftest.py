@@ -76,7 +76,7 @@ def write_file(path: str, text: str) -> None:
 @pytest.fixture
 def cgroup_tree(tmp_path, monkeypatch):
     """An empty fake /proc and cgroup tree that stoker's _cgroup reads instead of the real one."""
-    from stoker import _system as _cgroup
+    from stoker.common import system as _cgroup
 
     monkeypatch.setattr(_cgroup, "_PROC", str(tmp_path / "proc"))
     monkeypatch.setattr(_cgroup, "_V2_ROOT", str(tmp_path / "cg"))

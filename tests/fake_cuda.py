@@ -1,4 +1,4 @@
-"""A fake ``CudaRuntime`` (stoker/gpu/runtime.py) for CPU tests of the last mile.
+"""A fake ``CudaRuntime`` (stoker/loader/gpu/runtime.py) for CPU tests of the last mile.
 
 It models what makes GPU copies dangerous: work is queued on streams and runs later, when the
 test says so (``run()``), in an adversarial order (the default stream first, as far as its waits

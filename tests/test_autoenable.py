@@ -1,5 +1,5 @@
-"""Carrying ``stoker.enable()`` into child processes (integrations/children.py, the parent side;
-integrations/on_torch_import.py, the child side; docs/design/enable.md): a child enables stoker
+"""Carrying ``stoker.enable()`` into child processes (loader/integrations/children.py, the parent side;
+loader/integrations/on_torch_import.py, the child side; docs/design/enable.md): a child enables stoker
 once it imports torch, never imports torch for it, loads each stoker file once, and starts as it
 would have where stoker cannot be found."""
 
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from stoker.integrations import children, enable, on_torch_import
+from stoker.loader.integrations import children, enable, on_torch_import
 from support.scenarios import run_ok
 
 HERE = os.path.dirname(os.path.abspath(__file__))

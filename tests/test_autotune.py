@@ -13,9 +13,9 @@ import torch
 
 import stoker
 from conftest import write_file
-from stoker import _system as _cgroup
-from stoker.autotune import measure as _measure
-from stoker.autotune import tuner as _autotune
+from stoker.common import system as _cgroup
+from stoker.loader.autotune import measure as _measure
+from stoker.loader.autotune import tuner as _autotune
 from stoker.placements.base import WorkerView
 from support.scenarios import run_ok
 
@@ -595,7 +595,7 @@ def test_prefetch_auto_without_workers_and_through_attributes_and_enable():
 
 
 def test_stoker_top_shows_the_depth():
-    from stoker import top
+    from stoker.tools import top
 
     dl = stoker.DataLoader(SlowRandom(), batch_size=2, num_workers=2, prefetch_factor="auto")
     it = iter(dl)

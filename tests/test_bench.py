@@ -38,7 +38,7 @@ def test_bench_runs_and_reports_both_loaders(tmp_path):
 
 @pytest.mark.unit
 def test_a_row_faster_than_the_work_itself_is_reported_as_an_error():
-    from stoker.bench import cli
+    from stoker.tools.bench import cli
 
     runs = []
     for r in range(2):
@@ -60,7 +60,7 @@ def test_a_row_faster_than_the_work_itself_is_reported_as_an_error():
 
 @pytest.mark.timeout(700)  # (its run is bounded at 600 s)
 def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
-    from stoker import _system
+    from stoker.common import system as _system
 
     out = tmp_path / "ranks.json"
     p = subprocess.run([sys.executable, "-m", "stoker", "bench", "--ranks", "2", "--rounds", "1",
@@ -88,7 +88,7 @@ def test_bench_ranks_runs_real_ranks_and_counts_their_workers(tmp_path):
 def test_the_bound_collates_into_buffers_it_keeps():
     import torch
 
-    from stoker.bench.bound import collate_into
+    from stoker.tools.bench.bound import collate_into
 
     buffers = {}
     samples = [{"x": torch.full((2, 3), float(i)), "y": i, "s": f"n{i}"} for i in range(4)]
@@ -101,7 +101,7 @@ def test_the_bound_collates_into_buffers_it_keeps():
 
 @pytest.mark.unit
 def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
-    from stoker.bench import autotune
+    from stoker.tools.bench import autotune
 
     per = autotune.WINDOW * autotune.BATCH
     # one batch a second for 20 batches, then ten a second
@@ -117,7 +117,7 @@ def test_autotune_scenario_names_the_batch_where_auto_reached_the_target():
 
 @pytest.mark.unit
 def test_autotune_settings_run_interleaved_in_rotating_order_and_the_median_counts():
-    from stoker.bench import autotune
+    from stoker.tools.bench import autotune
 
     order = []
     speed = iter([10, 20, 30, 11, 21, 31, 12, 22, 32, 13, 23, 33])
@@ -139,7 +139,7 @@ def test_a_row_above_the_bound_of_its_work_is_an_error_not_a_number():
     something else (it once put torchdata.nodes at 57x on `metadata`): the table names it."""
     import io
 
-    from stoker.bench import cli
+    from stoker.tools.bench import cli
 
     def run(who, rate, rnd):
         return {"workload": "metadata", "loader": who, "round": rnd, "workers": 4,
@@ -174,7 +174,7 @@ def test_a_row_above_the_bound_of_its_work_is_an_error_not_a_number():
 def test_bench_remote_runs_every_kind_of_row_with_checked_values():
     """The remote workload (an HTTP object store on loopback): a torch row, a threads row and an
     async row, each a fresh interpreter whose every sample's bytes are checked."""
-    from stoker.bench import remote
+    from stoker.tools.bench import remote
 
     rows = [r for r in remote.ROWS if r[0] in ("torch, 2 workers", "stoker, 2 workers x 32 threads",
                                                "stoker, 2 workers, async x 32")]

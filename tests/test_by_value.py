@@ -1,6 +1,6 @@
 """Python 3.14's default start method (forkserver), spawn and the node pool pickle the dataset,
 collate_fn and worker_init_fn: what pickle refuses by name (a local class, a lambda, a closure, a
-class of ``python -c``, a partial of those) crosses by value (stoker/_by_value.py), each compared
+class of ``python -c``, a partial of those) crosses by value (stoker/pickling/by_value.py), each compared
 with torch's loader in the same test; handles a dataset opens in each process
 (``stoker.per_worker``) under fork, spawn, a restart and ``num_workers=0``, with sqlite3 and a
 real Lance dataset. This machine has Python 3.11: each start method is named explicitly."""
@@ -30,7 +30,8 @@ import torch
 import stoker
 from scenario_datasets import Squares
 from scenarios.per_worker import Rows
-from stoker import _by_value, _main_script
+from stoker.pickling import by_value as _by_value
+from stoker.pickling import main_script as _main_script
 from support.scenarios import run_ok
 
 PICKLED = ["spawn", "forkserver"]
@@ -309,7 +310,7 @@ def test_a_reducer_replaced_with_copyreg_is_the_one_used():
     type replaces the last one in stoker's reused picklers too."""
     import copyreg
 
-    from stoker import _pickling
+    from stoker.pickling import pickler as _pickling
 
     try:
         for v in (1, 2):
@@ -325,7 +326,7 @@ def test_what_lambdas_share_crosses_once_and_a_memmap_as_its_file(tmp_path):
     """One pickler for the dataset and the by-value functions: an array reached from the
     dataset and from eleven lambdas is laid beside the pickle once (and is one array in the
     worker); a memmap a lambda captures travels as its file, not its bytes."""
-    from stoker.engine.sealed import Sealed
+    from stoker.wire.sealed import Sealed
 
     ds, _, _ = _local_parts()
     ds.big = np.ones(2**21, dtype=np.float32)  # 8 MB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import write_file
-from stoker import _system as _cgroup
+from stoker.common import system as _cgroup
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import stoker
 from scenarios.enable import Squares
-from stoker.integrations import enable as _enable
+from stoker.loader.integrations import enable as _enable
 from support.scenarios import run_ok
 
 HERE = os.path.dirname(os.path.abspath(__file__))

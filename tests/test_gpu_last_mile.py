@@ -1,4 +1,4 @@
-"""The last mile to the GPU (stoker/gpu/), tested without a GPU: tests/fake_cuda.py stands in for
+"""The last mile to the GPU (stoker/loader/gpu/), tested without a GPU: tests/fake_cuda.py stands in for
 the CUDA runtime. Its copies read their source by address when the fake GPU runs them, and it
 runs queued work late and in an adversarial order, so a slot handed back before its copy ran,
 or a batch used before its copy's event, shows up as wrong values; registering twice or
@@ -16,7 +16,7 @@ import torch
 
 import scenario_datasets
 import stoker
-import stoker.gpu.cuda
+import stoker.loader.gpu.cuda
 from fake_cuda import FakeCuda
 
 N, B, WIDTH = 40, 4, 16384  # 10 batches of 4 x 64 KiB
@@ -29,7 +29,7 @@ def wide(n=N, **kw):  # the dataset, at this file's width
 @pytest.fixture
 def gpu(monkeypatch):
     fake = FakeCuda()
-    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: fake)
+    monkeypatch.setattr(stoker.loader.gpu.cuda, "runtime", lambda: fake)
     warnings.filterwarnings("ignore", "'pin_memory' argument is set", UserWarning)
     return fake
 
@@ -134,7 +134,7 @@ class _SlowSync(FakeCuda):
 @pytest.mark.parametrize("cap", [None, 3 << 20])
 def test_shutdown_mid_epoch_waits_for_the_copies_before_slots_go_back(monkeypatch, cap):
     gpu = _SlowSync()
-    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: gpu)
+    monkeypatch.setattr(stoker.loader.gpu.cuda, "runtime", lambda: gpu)
     warnings.filterwarnings("ignore", "'pin_memory' argument is set", UserWarning)
     it = iter(loader(wide(400), pin_memory=True, max_shared_memory=cap, num_workers=1))
     out = []
@@ -174,7 +174,7 @@ def test_slots_stay_bounded_when_the_gpu_keeps_up(gpu):
 
 def test_refused_registration_pins_by_a_copy_with_one_warning(monkeypatch, caplog):
     gpu = FakeCuda(refuse_register=True)
-    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: gpu)
+    monkeypatch.setattr(stoker.loader.gpu.cuda, "runtime", lambda: gpu)
     warnings.filterwarnings("ignore", "'pin_memory' argument is set", UserWarning)
     with caplog.at_level(logging.WARNING, logger="stoker"):
         seen = consume(gpu, loader(pin_memory=True))
@@ -185,7 +185,7 @@ def test_refused_registration_pins_by_a_copy_with_one_warning(monkeypatch, caplo
 
 
 def test_pin_memory_without_cuda_is_torchs_one_warning(monkeypatch):
-    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: None)
+    monkeypatch.setattr(stoker.loader.gpu.cuda, "runtime", lambda: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = [b["y"].tolist() for b in loader(pin_memory=True)]
@@ -294,7 +294,7 @@ def test_device_accepts_a_torch_device(gpu):
 
 @pytest.mark.unit
 def test_device_without_cuda_says_so(monkeypatch):
-    monkeypatch.setattr(stoker.gpu.cuda, "runtime", lambda: None)
+    monkeypatch.setattr(stoker.loader.gpu.cuda, "runtime", lambda: None)
     with pytest.raises(RuntimeError, match="needs CUDA"):
         iter(loader(device="cuda", num_workers=0))
 

@@ -18,25 +18,30 @@ pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 PACKAGE = os.path.dirname(stoker.__file__)
 
-# Bottom to top. A module may import its own layer and those below it.
+# Bottom to top. A module may import its own layer and those below it. The folders say which
+# process a module runs in (docs/design/README.md); the layers order them.
 LAYERS = [
-    ("leaves", ["stoker._stoker", "stoker._errors", "stoker._system", "stoker._indices",
-                "stoker._torch_compat", "stoker._pickling", "stoker._info", "stoker._shared_list",
-                "stoker._plain", "stoker._advice", "stoker._by_value",
-                "stoker._per_worker", "stoker._main_script"]),
+    # any process: facts, errors, pickling; and the dataset helpers users import (in workers)
+    ("leaves", ["stoker._stoker", "stoker.common", "stoker.pickling", "stoker.datasets"]),
+    # made in the training process, carried whole to every worker
     ("config", ["stoker.config"]),
-    ("engine", ["stoker.engine"]),
-    # what stoker 0.1's pickles name (its records, and config's and engine's classes)
+    # both ends of a worker's channel
+    ("wire", ["stoker.wire"]),
+    # in a worker process
+    ("worker", ["stoker.worker"]),
+    # what earlier releases' pickles and imports name
     ("compat", ["stoker._compat"]),
+    # where workers run: local processes, the node pool's processes, Ray actors
     ("placements", ["stoker.placements"]),
-    ("resume", ["stoker.resume"]),
-    ("autotune", ["stoker.autotune"]),
-    ("gpu", ["stoker.gpu"]),
-    ("iterators", ["stoker.iterators"]),
-    ("loader", ["stoker._loader"]),
-    ("integrations", ["stoker.integrations"]),
-    ("tools", ["stoker", "stoker.__main__", "stoker.doctor", "stoker.top", "stoker.monitoring",
-               "stoker.bench"]),
+    # the training process, bottom up
+    ("resume", ["stoker.loader.resume"]),
+    ("autotune", ["stoker.loader.autotune"]),
+    ("gpu", ["stoker.loader.gpu"]),
+    ("iterators", ["stoker.loader.iterators"]),
+    ("loader", ["stoker.loader"]),
+    ("integrations", ["stoker.loader.integrations"]),
+    # what a person runs, and the public API
+    ("tools", ["stoker", "stoker.__main__", "stoker.tools"]),
 ]
 
 EXTENSIONS = {"stoker._stoker"}
@@ -199,8 +204,32 @@ def test_no_module_reaches_into_another_modules_private_names():
 def test_the_checker_sees_a_cycle_an_upward_import_and_an_unclaimed_module():
     """The checks themselves: a made-up graph with a loop and an edge up must fail them, and a
     new top-level module belongs to no layer until one claims it."""
-    edges = {"stoker.engine.a": {"stoker.iterators.b"}, "stoker.iterators.b": {"stoker.engine.a"}}
-    assert _cycles(edges) == [["stoker.engine.a", "stoker.iterators.b"]]
-    assert _layer_of("stoker.engine.a") < _layer_of("stoker.iterators.b")
+    edges = {"stoker.worker.a": {"stoker.loader.iterators.b"},
+             "stoker.loader.iterators.b": {"stoker.worker.a"}}
+    assert _cycles(edges) == [["stoker.loader.iterators.b", "stoker.worker.a"]]
+    assert _layer_of("stoker.worker.a") < _layer_of("stoker.loader.iterators.b")
     assert _layer_of("stoker._new_module") is None
     assert _layer_of("stoker") == len(LAYERS) - 1
+
+
+MAX_LINES = 450  # a module past this does more than one job: split it
+
+
+def test_no_module_is_over_450_lines():
+    long = {}
+    for m, path in MODULES.items():
+        with open(path) as f:
+            n = sum(1 for _ in f)
+        if n > MAX_LINES:
+            long[m] = n
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def test_nothing_private_is_loose_at_the_package_root():
+    """The root holds the public API (``__init__``), the command (``__main__``), the extension
+    and its stub; every other module sits in the folder that says which process it runs in."""
+    loose = sorted(
+        f for f in os.listdir(PACKAGE)
+        if f.endswith(".py") and f not in ("__init__.py", "__main__.py")
+    )
+    assert not loose, f"modules loose at the package root (move them into a folder): {loose}"

@@ -42,7 +42,7 @@ def test_workers_wait_for_the_user_and_resume_when_batches_are_dropped():
 @pytest.mark.unit
 def test_max_shared_memory_values():
     import stoker
-    from stoker import _system
+    from stoker.common import system as _system
     from stoker.config.options import shared_memory_cap
 
     ds = list(range(8))

@@ -721,7 +721,7 @@ def test_a_pool_killed_before_it_bound_its_name_is_started_again(monkeypatch):
     One that fails on its own (an import error) is named at once."""
     import stoker
     from node import node_datasets
-    from stoker._errors import EngineError
+    from stoker.common.errors import EngineError
     from stoker.placements.node import rendezvous
 
     monkeypatch.setenv("STOKER_NODE_LINGER_S", "1")

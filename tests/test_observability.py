@@ -78,7 +78,7 @@ def test_top_finds_a_running_loader_and_its_workers():
 
 
 def test_doctor_counts_the_workers_of_every_loader_on_this_machine():
-    from stoker import doctor
+    from stoker.tools import doctor
 
     proc, pids = start_running_loader()  # 2 workers
     try:
@@ -109,14 +109,14 @@ def test_doctor_counts_the_workers_of_every_loader_on_this_machine():
 def test_prometheus_scrape_on_localhost():
     pytest.importorskip("prometheus_client")
     import stoker
-    import stoker.monitoring
+    import stoker.tools.monitoring
     from scenario_datasets import Squares
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     loader = stoker.DataLoader(Squares(64), batch_size=4, num_workers=2, persistent_workers=True)
-    stoker.monitoring.serve_prometheus(loader, port, addr="127.0.0.1", name="train")
+    stoker.tools.monitoring.serve_prometheus(loader, port, addr="127.0.0.1", name="train")
     for i, _ in enumerate(loader):
         if i == 5:
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
@@ -130,7 +130,7 @@ def test_prometheus_scrape_on_localhost():
 def test_doctor_tells_workers_that_wait_from_workers_that_compute():
     """A running loader whose workers sleep in __getitem__ (as on the network) is told to raise
     threads_per_worker; workers whose CPU time matches their busy time are not."""
-    from stoker import doctor, top
+    from stoker.tools import doctor, top
 
     proc, pids = start_running_loader()  # 2 workers, 20 ms of sleep per sample
     try:

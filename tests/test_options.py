@@ -10,7 +10,7 @@ import re
 import pytest
 
 from stoker.config.options import Options, shared_memory_cap, shared_memory_share
-from stoker.integrations import run
+from stoker.tools import run
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 

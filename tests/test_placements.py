@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.engine.events import EpochBegun
 from stoker.placements.base import Hung, Workers, WorkerView
 from stoker.placements.mixed import Mixed
+from stoker.wire.events import EpochBegun
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 

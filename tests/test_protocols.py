@@ -24,18 +24,18 @@ from typing import Protocol
 
 import pytest
 
-from stoker.engine.endpoint import ChannelEndpoint, Endpoint
-from stoker.gpu.runtime import CudaEvent, CudaRuntime
+from stoker.loader.gpu.runtime import CudaEvent, CudaRuntime
+from stoker.worker.endpoint import ChannelEndpoint, Endpoint
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 IMPLEMENTATIONS = [
     ("stoker._stoker:WorkerEndpoint", ChannelEndpoint),  # the local placement's (C++)
     ("stoker.placements.ray.actor:ActorEndpoint", Endpoint),  # a Ray actor's (Python)
-    ("stoker.gpu.cuda:TorchCuda", CudaRuntime),
+    ("stoker.loader.gpu.cuda:TorchCuda", CudaRuntime),
     ("fake_cuda:FakeCuda", CudaRuntime),  # the CPU tests' GPU
     ("torch.cuda:Event", CudaEvent),  # what TorchCuda.record returns
-    ("stoker.gpu.cuda:_Barrier", CudaEvent),  # what TorchCuda.barrier returns
+    ("stoker.loader.gpu.cuda:_Barrier", CudaEvent),  # what TorchCuda.barrier returns
     ("fake_cuda:FakeEvent", CudaEvent),
     ("fake_cuda:FakeBarrier", CudaEvent),
 ]

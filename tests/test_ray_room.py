@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker.iterators.failure import WorkerFailure
+from stoker.loader.iterators.failure import WorkerFailure
 from stoker.placements.ray.room import Room
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)

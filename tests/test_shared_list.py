@@ -94,18 +94,18 @@ def test_a_corrupt_buffer_raises_instead_of_reading_past_it():
     text = raw.index(b"x" * 100)
     raw[text - 4:text] = b"\xff" * 4  # the string's length, past the end of the buffer
     with pytest.raises(ValueError, match="corrupt"):
-        list(stoker._shared_list._from_buffer(bytes(raw)))
+        list(stoker.datasets.shared_list._from_buffer(bytes(raw)))
     raw = bytearray(sl._map)
     start = len(raw) - len(pickle.dumps([("a",)], protocol=5))  # the schemas, kept
     raw[start - 30:start - 1] = b"l" + b"\xff" * 28  # a list claiming 4 billion items
     with pytest.raises(ValueError, match="corrupt"):
-        list(stoker._shared_list._from_buffer(bytes(raw)))
+        list(stoker.datasets.shared_list._from_buffer(bytes(raw)))
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("offsets_at, count", [(2**63 - 8, 0), (48, 2**61), (-5, 1)])
 def test_a_header_that_does_not_fit_its_buffer_raises(offsets_at, count):
-    from stoker import _shared_list
+    from stoker.datasets import shared_list as _shared_list
 
     raw = bytearray(stoker.SharedList([{"a": 1}])._map)
     magic, _, _, data_at, schema_at, schema_len = _shared_list._HEADER.unpack_from(raw, 0)

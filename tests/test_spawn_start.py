@@ -1,5 +1,5 @@
 """spawn and forkserver: the dataset is pickled once into one sealed memfd that every worker maps
-(engine/sealed.py), so workers start together and their memory does not grow with the dataset."""
+(wire/sealed.py), so workers start together and their memory does not grow with the dataset."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import stoker
-from stoker.engine.sealed import Opened, Sealed
+from stoker.wire.sealed import Opened, Sealed
 from support.scenarios import run_ok
 
 
@@ -142,7 +142,7 @@ def test_a_tensor_in_shared_memory_stays_shared_and_copy_on_write_memmaps_keep_c
 
 @pytest.mark.unit
 def test_what_counts_one_receiver_a_pickle_is_pickled_per_worker():
-    from stoker.engine.sealed import PerWorker
+    from stoker.wire.sealed import PerWorker
 
     before = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")

@@ -1,11 +1,11 @@
-"""The task table on its own (iterators/tasks.py): torch's scheduling, the reorder buffer, what a
+"""The task table on its own (loader/iterators/tasks.py): torch's scheduling, the reorder buffer, what a
 death re-issues, changed only through the table's methods. Pure bookkeeping: no processes."""
 
 from __future__ import annotations
 
 import pytest
 
-from stoker.iterators.tasks import NO_BATCH, TaskTable
+from stoker.loader.iterators.tasks import NO_BATCH, TaskTable
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 

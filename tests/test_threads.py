@@ -61,7 +61,7 @@ def _judge(w, samples, wall_s, cpu_s):
 
 @pytest.mark.unit
 def test_auto_widens_while_waiting_and_ignores_a_short_batch():
-    from stoker.engine.inflight import Width
+    from stoker.worker.inflight import Width
 
     w = Width("auto")
     start = w.now
@@ -78,7 +78,7 @@ def test_auto_widens_while_waiting_and_ignores_a_short_batch():
 
 @pytest.mark.unit
 def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
-    from stoker.engine.inflight import Width
+    from stoker.worker.inflight import Width
 
     for rate_after, kept in ((0.95, True), (0.5, False)):
         w = Width("auto")
@@ -92,7 +92,7 @@ def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
 
 @pytest.mark.unit
 def test_auto_stays_at_one_thread_when_the_worker_computes():
-    from stoker.engine.inflight import Width
+    from stoker.worker.inflight import Width
 
     w = Width("auto")
     _judge(w, 32, 0.5, 0.49)

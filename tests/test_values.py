@@ -69,7 +69,7 @@ def test_every_depth_round_trips_through_the_wire(depth, mode):
         x = [x]
     try:
         data = _stoker.encode(x, getattr(_stoker, mode))
-    except stoker._errors.FallbackRequired:
+    except stoker.common.errors.FallbackRequired:
         assert mode == "MODE_CONVERT"  # default_convert in Python handles the rest
         return
     assert_same(_stoker.decode(data), x)
@@ -235,7 +235,7 @@ def test_exception_whose_str_raises_is_reported():
 
 @pytest.mark.unit
 def test_encode_error_survives_what_it_reports():
-    from stoker.engine import protocol as _protocol
+    from stoker.wire import protocol as _protocol
 
     class Local(Exception):  # a type pickle cannot find (nor the main process: it never sent it)
         def __str__(self):
@@ -302,8 +302,8 @@ def test_nesting_deeper_than_the_limit_in_a_slot_is_corrupt():
 
 @pytest.mark.unit
 def test_status_page_layout_comes_from_the_engine():
-    from stoker import top
-    from stoker.engine import board as _board
+    from stoker.tools import top
+    from stoker.wire import board as _board
 
     fields = _stoker.STATUS_FIELDS
     assert _stoker.STATUS_PAGE_BYTES == 8 * len(fields)
@@ -322,7 +322,7 @@ def test_a_live_status_page_reads_with_the_exported_fields():
     import os
     import time
 
-    from stoker import top
+    from stoker.tools import top
 
     loader = stoker.DataLoader(Samples(int, 8), batch_size=2, num_workers=2,
                                persistent_workers=True)
@@ -348,7 +348,7 @@ def test_a_live_status_page_reads_with_the_exported_fields():
 
 @pytest.mark.unit
 def test_message_types_and_dtypes_come_from_the_engine():
-    from stoker.engine import protocol as _protocol
+    from stoker.wire import protocol as _protocol
 
     types = _stoker.MESSAGE_TYPES
     assert len(set(types.values())) == len(types)

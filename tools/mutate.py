@@ -39,19 +39,19 @@ STAGE = os.path.join(ROOT, "build", "mutate")
 
 # The modules mutated (paths under python/stoker).
 MODULES = [
-    "engine/inflight.py",
-    "engine/gate.py",
-    "resume/cursor.py",
-    "resume/position.py",
-    "resume/order.py",
-    "resume/validate.py",
+    "worker/inflight.py",
+    "common/gate.py",
+    "loader/resume/cursor.py",
+    "loader/resume/position.py",
+    "loader/resume/order.py",
+    "loader/resume/validate.py",
     "placements/node/ledger.py",
     "placements/node/budget.py",
     "placements/node/streams.py",
     "placements/node/records.py",
     "placements/node/wire.py",
-    "engine/protocol.py",
-    "_advice.py",
+    "wire/protocol.py",
+    "common/advice.py",
 ]
 
 # The fast tier: the suite's unit tier (tests/support/tiers.py: no process is started, each test
@@ -63,7 +63,7 @@ FAST_TESTS = ["-m", "unit", "tests"]
 ALSO_STAGED = ["README.md", "docs"]
 
 # A module broken on purpose by the pre-flight check, and a test of it that must then fail.
-TRAP_MODULE = "_advice.py"
+TRAP_MODULE = "common/advice.py"
 TRAP_TEST = "tests/unit/test_advice_mutants.py"
 
 # timeout_*: a mutant's tests get (their clean run's time + 2 s) x 4 of wall clock, then it is

@@ -18,7 +18,7 @@ import time
 import torch
 
 import stoker
-from stoker.bench.workloads import ImageTensors
+from stoker.tools.bench.workloads import ImageTensors
 
 BATCH, BATCHES, ROUNDS = 64, 60, 2
 SAMPLE_BYTES = 3 * 224 * 224

@@ -102,7 +102,7 @@ def test_enable_pins_torch_loaders():
 @pytest.mark.parametrize("how", ["pin_memory", "device"])
 def test_values_equal_torchs_loader(how):
     """torch's loader with pin_memory=True and .to(non_blocking=True) is the reference."""
-    from stoker.bench.workloads import ImageTensors
+    from stoker.tools.bench.workloads import ImageTensors
 
     ref = [(x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True))
            for x, y in torch.utils.data.DataLoader(ImageTensors(512), batch_size=64,

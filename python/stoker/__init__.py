@@ -12,17 +12,20 @@ The engine itself (``stoker._stoker``), ``SharedList`` and the ``stoker`` comman
 work without torch. Where torch is installed, ``DataLoader`` is imported with the package, so it
 exists before any framework looks for DataLoader subclasses.
 
-The package's layers, bottom up (imports run one way; tests/test_layers.py checks it, and
-docs/design/python.md explains it): leaves (``_errors``, ``_system``, ``_indices``, ...),
-``config``, ``engine``, ``_compat`` (the names stoker 0.1's pickles use), ``placements``,
-``resume``, ``autotune``, ``iterators``, the loader, ``integrations``, and the tools
-(``doctor``, ``top``, ``monitoring``, ``bench``).
+The package's folders say which process their code runs in (docs/design/README.md has the
+map; tests/test_layers.py keeps imports one way): ``common``, ``pickling`` and ``datasets`` (any
+process; the helpers a dataset imports), ``config`` (made here, carried whole to workers),
+``wire`` (both ends of a worker's channel), ``worker`` (in a worker process), ``placements``
+(where workers run: local processes, the node pool's processes, Ray actors), ``loader`` (the
+training process: ``DataLoader``, its iterators, resume, autotune, the GPU, ``enable()``) and
+``tools`` (``stoker run``, ``bench``, ``top``, ``doctor``, ``monitoring``). ``_compat`` keeps the
+names earlier releases pickled and imported.
 """
 
 import os as _os
 
 from . import _compat
-from ._errors import (
+from .common.errors import (
     BatchEncodingError,
     CollateError,
     CorruptBatchError,
@@ -33,10 +36,10 @@ from ._errors import (
     WorkerError,
     WorkerHung,
 )
-from ._info import get_worker_info, sample_seed
-from ._per_worker import per_worker
-from ._shared_list import SharedList
 from .config.placement import Node, Ray
+from .datasets.per_worker import per_worker
+from .datasets.shared_list import SharedList
+from .datasets.worker_info import get_worker_info, sample_seed
 
 __version__ = "0.2.0"
 
@@ -73,14 +76,14 @@ def enable(**options) -> None:
     (``on_error``, ``max_retries``, ``on_worker_death``, ``hang_timeout``, ...) as defaults.
     ``num_workers=0`` stays torch's. Undone by ``disable()``. ``stoker run script.py`` does this
     for a script, unchanged."""
-    from .integrations.enable import enable as _enable
+    from .loader.integrations.enable import enable as _enable
 
     _enable(**options)
 
 
 def disable() -> None:
     """Undoes ``enable()``."""
-    from .integrations.enable import disable as _disable
+    from .loader.integrations.enable import disable as _disable
 
     _disable()
 
@@ -88,7 +91,7 @@ def disable() -> None:
 def stats(loader) -> dict:
     """``stats()`` of any DataLoader stoker served (a torch one under ``enable()`` too): workers,
     batches, data stall, deaths, skips, and ``served_by``."""
-    from .iterators.stats import loader_stats
+    from .loader.iterators.stats import loader_stats
 
     return loader_stats(loader)
 
@@ -112,7 +115,7 @@ def deaths(loader) -> list:
 
 def _import_loader():
     try:
-        from ._loader import DataLoader
+        from .loader.dataloader import DataLoader
     except ImportError as e:
         if "torch" not in str(e):
             raise

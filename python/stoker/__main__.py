@@ -6,12 +6,12 @@ import sys
 
 # command -> (module whose main(argv) runs it, what it does in a line)
 COMMANDS = {
-    "run": ("stoker.integrations.run",
+    "run": ("stoker.tools.run",
             "run a training script unchanged, every torch DataLoader on stoker's engine"),
-    "bench": ("stoker.bench.cli",
+    "bench": ("stoker.tools.bench.cli",
               "measure stoker against torch's DataLoader (and peers) on this machine"),
-    "top": ("stoker.top", "a live view of every stoker loader on this machine and its workers"),
-    "doctor": ("stoker.doctor",
+    "top": ("stoker.tools.top", "a live view of every stoker loader on this machine and its workers"),
+    "doctor": ("stoker.tools.doctor",
                "check this machine and a running loader: what it is short of, what to change"),
 }
 

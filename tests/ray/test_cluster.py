@@ -87,7 +87,7 @@ def test_a_mixed_loader_splits_the_cap_and_held_batches_end_in_shared_memory_lim
     its share, not the whole cap. A loop that keeps every batch fills that share; the actor's
     next task waits its patience and then fails with SharedMemoryLimitError saying what the
     user holds (it used to go on silently after a hard-coded 30 s)."""
-    from stoker.engine import worker as _loop
+    from stoker.worker import loop as _loop
 
     monkeypatch.setattr(_loop, "SHARED_MEMORY_PATIENCE_S", 3.0)  # (the actor's room, here)
     cap = 16 << 20  # 8 MiB for each of the two workers; each batch is 4 MiB

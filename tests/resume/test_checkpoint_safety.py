@@ -27,8 +27,8 @@ from resume_datasets import (
     as_lists,
 )
 from stoker import StateMismatchError
-from stoker.resume.state import State
-from stoker.resume.state import digest as state_digest
+from stoker.loader.resume.state import State
+from stoker.loader.resume.state import digest as state_digest
 
 PLAIN = (type(None), bool, int, float, str, bytes)
 

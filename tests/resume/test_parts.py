@@ -12,11 +12,11 @@ import stoker
 from stoker import StateMismatchError
 from stoker.config.options import Options
 from stoker.config.records import LoaderRecords
-from stoker.engine.events import BatchReady, StreamState
-from stoker.resume import checkpoint, elastic
-from stoker.resume.cursor import Cursor
-from stoker.resume.position import Delivered
-from stoker.resume.state import VERSION, State
+from stoker.loader.resume import checkpoint, elastic
+from stoker.loader.resume.cursor import Cursor
+from stoker.loader.resume.position import Delivered
+from stoker.loader.resume.state import VERSION, State
+from stoker.wire.events import BatchReady, StreamState
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 

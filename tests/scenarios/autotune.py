@@ -11,9 +11,9 @@ import torch
 
 import stoker
 from scenario_datasets import KillsOnceAt
-from stoker import _system as _cgroup
-from stoker.autotune import measure as _measure
-from stoker.autotune import tuner as _autotune
+from stoker.common import system as _cgroup
+from stoker.loader.autotune import measure as _measure
+from stoker.loader.autotune import tuner as _autotune
 
 
 def deaths_while_the_tuner_changes_its_mind(steps, depth):

@@ -1,4 +1,4 @@
-"""stoker's by-value rules (``stoker/_by_value.py`` and ``_main_script.py``, copied beside this
+"""stoker's by-value rules (``stoker/pickling/by_value.py`` and ``pickling/main_script.py``, copied beside this
 file by the test, as a package ``rules``) on another Python, without stoker or torch: a local class, a lambda, a closure, a partial and a
 class defined under this script's main guard, sent to forkserver and spawn children as stoker
 sends its workers' dataset, collate_fn and worker_init_fn. Prints one JSON line.

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 
 import stoker
 from scenario_datasets import Slow
-from stoker import top
-from stoker.integrations import enable as _enable
+from stoker.loader.integrations import enable as _enable
+from stoker.tools import top
 
 
 class Squares(torch.utils.data.Dataset):

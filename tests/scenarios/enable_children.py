@@ -11,7 +11,7 @@ import multiprocessing as mp
 import os
 import sys
 
-HOOK = "stoker.integrations.on_torch_import"
+HOOK = "stoker.loader.integrations.on_torch_import"
 
 
 def _seen(use_torch: bool) -> dict:
@@ -24,7 +24,7 @@ def _seen(use_torch: bool) -> dict:
     if use_torch:
         import torch  # noqa: F401  (the import the hook waits for)
 
-        enable = sys.modules.get("stoker.integrations.enable")
+        enable = sys.modules.get("stoker.loader.integrations.enable")
         out["enabled"] = enable is not None and enable.is_enabled()
         out["hook_file"] = getattr(sys.modules.get(HOOK), "__file__", None)
         # stoker's files are those of its package: not a path fragment, which a checkout

@@ -7,8 +7,8 @@ import sys
 
 
 def dataloader_is_imported_with_the_package():
-    """Prints whether `import stoker` imported stoker._loader and stoker.DataLoader with it."""
+    """Prints whether `import stoker` imported stoker.loader.dataloader and stoker.DataLoader with it."""
     assert "stoker" not in sys.modules, "stoker was imported before the scenario ran"
     import stoker
 
-    print("stoker._loader" in sys.modules, "DataLoader" in vars(stoker))
+    print("stoker.loader.dataloader" in sys.modules, "DataLoader" in vars(stoker))

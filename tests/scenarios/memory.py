@@ -12,9 +12,10 @@ from torch.utils.data import Dataset
 
 import stoker
 from scenario_datasets import Squares
-from stoker import _stoker, _system
-from stoker.autotune import measure, tuner
-from stoker.engine import worker as _loop
+from stoker import _stoker
+from stoker.common import system as _system
+from stoker.loader.autotune import measure, tuner
+from stoker.worker import loop as _loop
 
 K = _stoker.VIEW_SLOT_DIVISOR
 

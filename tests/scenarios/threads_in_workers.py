@@ -396,7 +396,7 @@ def resume_mid_epoch_across_threads():
 
 def stats_and_top_show_samples_in_flight():
     """stats() and stoker top say how many samples each worker loads at once."""
-    from stoker import top
+    from stoker.tools import top
 
     dl = stoker.DataLoader(Waits(n=512, ms=40), batch_size=16, num_workers=2,
                            threads_per_worker=16)

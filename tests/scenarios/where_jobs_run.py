@@ -69,7 +69,7 @@ def _init_with(lock, worker_id):
     pass
 
 
-# a lambda would cross by value (stoker/_by_value.py); a lock held by the function cannot
+# a lambda would cross by value (stoker/pickling/by_value.py); a lock held by the function cannot
 _unpicklable_init = functools.partial(_init_with, threading.Lock())
 
 

@@ -1,8 +1,8 @@
-"""stoker._advice: telling workers that wait from workers that compute, and what to tell them."""
+"""stoker.common.advice: telling workers that wait from workers that compute, and what to tell them."""
 
 from __future__ import annotations
 
-from stoker import _advice
+from stoker.common import advice as _advice
 
 
 def test_waiting_is_less_than_half_the_busy_time_on_a_cpu():

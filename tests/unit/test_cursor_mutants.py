@@ -1,4 +1,4 @@
-"""stoker.resume.cursor: the only writer of an epoch's position, told what an iterator does
+"""stoker.loader.resume.cursor: the only writer of an epoch's position, told what an iterator does
 (epochs begin, tasks go and come, workers die), with a state pending or carried. Loaders are
 built, never iterated: no process."""
 
@@ -12,11 +12,11 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from stoker import StateMismatchError
 from stoker.config.records import LoaderRecords
-from stoker.engine.events import BatchReady, StreamState
-from stoker.resume import order as _order
-from stoker.resume.cursor import Cursor, EpochStart
-from stoker.resume.position import ResumePoint
-from stoker.resume.state import State
+from stoker.loader.resume import order as _order
+from stoker.loader.resume.cursor import Cursor, EpochStart
+from stoker.loader.resume.position import ResumePoint
+from stoker.loader.resume.state import State
+from stoker.wire.events import BatchReady, StreamState
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

@@ -1,4 +1,4 @@
-"""stoker.engine.gate: at most `width` loads at once on the gate's own threads. Concurrency is
+"""stoker.common.gate: at most `width` loads at once on the gate's own threads. Concurrency is
 shown with events and barriers (each wait bounded), never with timing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stoker.engine.gate import Gate
+from stoker.common.gate import Gate
 
 WAIT_S = 10
 

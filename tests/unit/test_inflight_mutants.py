@@ -1,4 +1,4 @@
-"""stoker.engine.inflight: how many samples load at once ("auto"'s Width, decided from made-up
+"""stoker.worker.inflight: how many samples load at once ("auto"'s Width, decided from made-up
 batch timings: no clock), what a setting means for a dataset, and InFlight's paths (one at a
 time, threads, a batch started ahead, an event loop). No process."""
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from stoker.engine import inflight
-from stoker.engine.inflight import InFlight, Width, is_async, resolve, threads_for
+from stoker.worker import inflight
+from stoker.worker.inflight import InFlight, Width, is_async, resolve, threads_for
 
 
 def test_the_constants():

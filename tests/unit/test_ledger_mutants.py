@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stoker import _system
+from stoker.common import system as _system
 from stoker.placements.node import ledger
 from stoker.placements.node.ledger import Held, Ledger
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from stoker.engine.sealed import Sealed
-from stoker.engine.worker import WorkerConfig
 from stoker.placements.node import hello
+from stoker.wire.sealed import Sealed
+from stoker.worker.loop import WorkerConfig
 
 
 def config(**changes) -> WorkerConfig:

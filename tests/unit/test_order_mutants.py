@@ -1,4 +1,4 @@
-"""stoker.resume.order: what regenerates an epoch's order (generators, the sampler's epoch,
+"""stoker.loader.resume.order: what regenerates an epoch's order (generators, the sampler's epoch,
 stateful samplers), read from and put back into a loader."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
-from stoker.resume import order
+from stoker.loader.resume import order
 
 
 def test_rng_state_as_bytes_and_back():

@@ -1,4 +1,4 @@
-"""stoker.resume.position: where an epoch is (positions delivered, workers' states), the counted
+"""stoker.loader.resume.position: where an epoch is (positions delivered, workers' states), the counted
 sampler stream, and the loader's resume point (with stoker 0.1's tracker read in)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from stoker.resume import order as _order
-from stoker.resume.position import (
+from stoker.loader.resume import order as _order
+from stoker.loader.resume.position import (
     Delivered,
     EpochPosition,
     ResumePoint,
@@ -17,7 +17,7 @@ from stoker.resume.position import (
     Streams,
     point_of,
 )
-from stoker.resume.state import State
+from stoker.loader.resume.state import State
 
 
 def test_delivered_grows_a_prefix_and_keeps_what_came_early():
@@ -196,7 +196,7 @@ def test_a_legacy_pending_state_begins_its_epoch():
     from torch.utils.data import DataLoader
 
     from stoker.config.records import LoaderRecords
-    from stoker.resume.cursor import Cursor
+    from stoker.loader.resume.cursor import Cursor
 
     loader = DataLoader(list(range(8)), batch_size=2)
     records = LoaderRecords()

@@ -1,4 +1,4 @@
-"""stoker.engine.protocol: what travels between the main process and a worker beyond the C++
+"""stoker.wire.protocol: what travels between the main process and a worker beyond the C++
 engine's messages (tasks, resumes, error reports, skips, stream states)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stoker import _stoker
-from stoker.engine import protocol as p
+from stoker.wire import protocol as p
 
 
 def test_the_constants_are_the_engines():

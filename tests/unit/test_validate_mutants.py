@@ -1,4 +1,4 @@
-"""stoker.resume.validate: every field of a loaded state checked, each refusal naming the field,
+"""stoker.loader.resume.validate: every field of a loaded state checked, each refusal naming the field,
 what it holds and what was expected."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from stoker import StateMismatchError
-from stoker.engine import rng_state
-from stoker.resume import validate
-from stoker.resume.state import State
+from stoker.common import rng_state
+from stoker.loader.resume import validate
+from stoker.loader.resume.state import State
 
 RNG = len(torch.get_rng_state())
 BASE = State(loader={})

@@ -1,4 +1,5 @@
-"""Old names kept for what earlier releases pickled: a loader pickled by stoker 0.1 still loads.
+"""Old names kept for what earlier releases pickled or imported: a loader pickled by stoker 0.1
+or 0.2 still loads, and a module path of 0.2 still imports (``moved.py``).
 
 stoker 0.1 was one flat package, and a loader it pickled (``pickle``, ``copy``, ``torch.save``)
 names classes in four modules that are gone: ``stoker._state``, ``stoker._checkpoint``,
@@ -10,7 +11,7 @@ and ``pickle.load``, ``torch.load`` and ``copy.deepcopy`` need nothing else: a p
 an old module imports ``stoker`` first, which registers the aliases before the lookup.
 
 A state from ``state_dict()`` names no class at all (plain data, ``torch.load(weights_only=True)``
-loads it); ``resume/state.py`` reads the 0.1 form of it.
+loads it); ``loader/resume/state.py`` reads the 0.1 form of it.
 
 Thread contract: ``register`` runs while ``stoker`` is imported (under the import lock).
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from . import v0_1
+from . import moved, v0_1
 
 # stoker 0.1's modules, and the classes its pickles name in each (all of them in v0_1 now).
 OLD_NAMES = {
@@ -32,6 +33,7 @@ OLD_NAMES = {
 
 def register() -> None:
     """Makes each of stoker 0.1's module names an alias of ``v0_1`` (an entry already there is
-    left alone)."""
+    left alone), and stoker 0.2's module paths lead to where each module is now."""
     for name in OLD_NAMES:
         sys.modules.setdefault(name, v0_1)
+    moved.install()

@@ -11,8 +11,8 @@ classes, whose fields are 0.1's. ``stoker._compat`` makes the four old module na
 Thread contract: classes only; nothing here runs but their construction by the unpickler.
 """
 
+from ..common.deaths import Death
 from ..config.records import SkippedSample
-from ..engine.deaths import Death
 
 __all__ = ["Death", "EpochRecord", "LoaderState", "SkippedSample", "Tracker"]
 

@@ -21,7 +21,7 @@ inline void Check(const Status& st) {
   if (!st.ok()) Raise(st);
 }
 
-// Raises an exception of the class `name` from stoker._errors with `message`.
+// Raises an exception of the class `name` from stoker.common.errors with `message`.
 [[noreturn]] void RaiseStoker(const char* name, const std::string& message);
 
 // Python types looked up once. torch is optional: torch_tensor is null when torch is not loaded.

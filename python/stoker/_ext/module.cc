@@ -12,7 +12,7 @@ void register_constants(nb::module_& m);
 void register_shared_list(nb::module_& m);
 
 [[noreturn]] void Raise(const Status& st) {
-  nb::object errors = nb::module_::import_("stoker._errors");
+  nb::object errors = nb::module_::import_("stoker.common.errors");
   PyObject* cls;
   switch (st.code()) {
     case Code::kOutOfMemory:
@@ -33,7 +33,7 @@ void register_shared_list(nb::module_& m);
 }
 
 [[noreturn]] void RaiseStoker(const char* name, const std::string& message) {
-  nb::object errors = nb::module_::import_("stoker._errors");
+  nb::object errors = nb::module_::import_("stoker.common.errors");
   nb::object cls = errors.attr(name);
   PyErr_SetString(cls.ptr(), message.c_str());
   throw nb::python_error();

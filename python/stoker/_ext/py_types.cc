@@ -38,7 +38,7 @@ PyTypes& Types() {
   t->np_bool = np.attr("bool_").ptr();
   t->np_number = np.attr("number").ptr();
   for (PyObject* o : {t->np_ndarray, t->np_generic, t->np_bool, t->np_number}) Py_INCREF(o);
-  t->pickle_dumps = nb::module_::import_("stoker._pickling").attr("dumps");
+  t->pickle_dumps = nb::module_::import_("stoker.pickling.pickler").attr("dumps");
   t->pickle_loads = nb::module_::import_("pickle").attr("loads");
   return Types();
 }

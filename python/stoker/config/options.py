@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .. import _system
+from ..common import system as _system
 from . import placement as _placement
 from . import seeding
 

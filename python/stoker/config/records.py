@@ -24,7 +24,7 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 
-from .._indices import key
+from ..common.indices import key
 
 log = logging.getLogger("stoker")
 
@@ -46,7 +46,7 @@ class SkippedSample:
 class LoaderRecords:
     epoch: int = 0
     skipped: list = field(default_factory=list)  # SkippedSample
-    deaths: list = field(default_factory=list)  # engine.deaths.Death
+    deaths: list = field(default_factory=list)  # common.deaths.Death
     quarantined: set = field(default_factory=set)  # keys (_indices.key) of poison indices
     logged: set = field(default_factory=set)  # keys of indices whose skip was logged already
     # "stoker.DataLoader", "stoker.enable()", or None (torch's own iterator, or none yet).
@@ -112,5 +112,5 @@ def _from_legacy(old, old_resume) -> LoaderRecords:
         rec.logged = set(o.get("logged", ()))
         rec.served_by = o.get("served_by")
         rec.autotune = o.get("autotune")
-    rec.resume = old_resume  # the resume package reads the old tracker (resume/position.py)
+    rec.resume = old_resume  # the resume package reads the old tracker (loader/resume/position.py)
     return rec

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import random
 
-from .. import _info
-from .._indices import mix, seed_key
+from ..common.indices import mix, seed_key
+from ..datasets import worker_info as _info
 
 MODES = (None, "per_sample")
 MODES_TEXT = ("must be None (torch's seeding: once per worker) or 'per_sample' (each sample "
@@ -56,7 +56,7 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     try:
         import numpy as np
 
-        from .._torch_compat import numpy_seed
+        from ..common.torch_compat import numpy_seed
 
         np.random.seed(numpy_seed(base_seed, worker_id))
     except ImportError:

@@ -1,7 +1,7 @@
 """The seam between the iterator and its workers: what every placement provides.
 
 Scheduling (which task goes to which worker, in torch's order), supervision (restart, re-issue
-exactly once, quarantine, hang handling), resume and autotune live in ``iterators/`` and talk to
+exactly once, quarantine, hang handling), resume and autotune live in ``loader/iterators/`` and talk to
 workers only through ``Workers``. A placement decides where and how a worker runs: processes of
 this machine (``local.py``), actors on a Ray cluster (``ray/``), or some of each (``mixed.py``).
 docs/design/placements.md says what a new one must provide and guarantee.
@@ -78,7 +78,7 @@ class Workers(abc.ABC):
     # -- life ------------------------------------------------------------------------------------
     @abc.abstractmethod
     def start(self, worker_id: int, config) -> None:
-        """Starts worker `worker_id` with `config` (``engine.worker.WorkerConfig``). Raises
+        """Starts worker `worker_id` with `config` (``worker.loop.WorkerConfig``). Raises
         what starting raised (a pickling error under spawn, say); the iterator explains it."""
 
     def start_all(self, count: int, config) -> None:
@@ -119,7 +119,7 @@ class Workers(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, timeout_s: float | None):
-        """The next event (``engine.events``): an outcome, a stream's state, skips, an
+        """The next event (``wire.events``): an outcome, a stream's state, skips, an
         ``EpochBegun``, a ``WorkerExited`` for a worker that ended unexpectedly, or (a placement
         whose workers may find no room) ``WorkerLost`` / ``WorkerReady``; None after
         `timeout_s` seconds. Events of one worker come in the order it sent them, and all of

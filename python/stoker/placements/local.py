@@ -2,7 +2,7 @@
 the multiprocessing context the user picked, each with a SOCK_SEQPACKET channel, a pidfd and
 memfd slots, all watched by one C++ ``Supervisor`` (the only code that touches it).
 
-It turns the Supervisor's messages into ``engine.events`` and names every unexpected death
+It turns the Supervisor's messages into ``wire.events`` and names every unexpected death
 (signal, exit code, OOM kill read from the memory cgroup, the crash log's Python stack, the last
 lines of stderr, or the hang the iterator killed it for).
 
@@ -31,12 +31,15 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from .. import _by_value, _stoker, _system
-from .._errors import EngineError
-from ..engine import deaths, fdpass, protocol
-from ..engine.events import WorkerExited, from_message
-from ..engine.process import DUMP_SIGNAL, parent_pid_for, worker_main
-from ..engine.sealed import PerWorker, Sealed
+from .. import _stoker
+from ..common import deaths
+from ..common import system as _system
+from ..common.errors import EngineError
+from ..pickling import by_value as _by_value
+from ..wire import fdpass, protocol
+from ..wire.events import WorkerExited, from_message
+from ..wire.sealed import PerWorker, Sealed
+from ..worker.process import DUMP_SIGNAL, parent_pid_for, worker_main
 from .base import Hung, Workers, WorkerView
 
 log = logging.getLogger("stoker")
@@ -96,7 +99,7 @@ class LocalProcesses(Workers):
         self._oom_before = _system.oom_kills()
         self._closed = False
         # spawn/forkserver: (dataset, collate_fn, worker_init_fn) and the one memfd every worker
-        # started from them maps (engine/sealed.py): pickled once, not once per worker.
+        # started from them maps (wire/sealed.py): pickled once, not once per worker.
         self._sealed: tuple[tuple, Sealed | None] | None = None
 
     # -- life ------------------------------------------------------------------------------------
@@ -147,7 +150,7 @@ class LocalProcesses(Workers):
         if self.start_method != "fork":
             sealed = self._sealed_for(config)
             # what the worker starts from: the sealed memfd, or a pickle of its own (what pickle
-            # refuses goes by value in both: stoker._by_value)
+            # refuses goes by value in both: stoker.pickling.by_value)
             carried = sealed if sealed is not None else _by_value.Carried(
                 (config.dataset, config.collate_fn, config.init_fn))
             config = dataclasses.replace(config, dataset=None, collate_fn=None, init_fn=None)

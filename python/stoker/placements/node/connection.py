@@ -24,8 +24,8 @@ import mmap
 import os
 import threading
 
-from ...engine import fdpass
-from ...engine.buffer_batch import BufferBatch
+from ...wire import fdpass
+from ...wire.buffer_batch import BufferBatch
 from . import wire
 
 

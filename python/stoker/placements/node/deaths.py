@@ -13,9 +13,9 @@ import dataclasses
 import os
 import signal
 
-from ...engine import deaths as _deaths
-from ...engine import protocol
-from ...engine.events import WorkerExited
+from ...common import deaths as _deaths
+from ...wire import protocol
+from ...wire.events import WorkerExited
 
 
 def for_rank(ev: WorkerExited, w: int, task: int | None) -> WorkerExited:

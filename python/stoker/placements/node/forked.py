@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 
-from ...engine import fdpass
+from ...wire import fdpass
 
 
 def become(name: str, keep: set) -> None:

@@ -25,8 +25,8 @@ import logging
 import threading
 import time
 
-from ...engine import events, fdpass, protocol
-from ...engine.board import Board
+from ...wire import events, fdpass, protocol
+from ...wire.board import Board
 from ..base import STARTUP_GRACE_S, Hung
 from ..local import LocalProcesses
 from . import deaths, wire

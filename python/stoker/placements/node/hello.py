@@ -18,9 +18,9 @@ import multiprocessing.spawn
 import os
 import pickle
 
-from ... import _system
-from ..._errors import EngineError
-from ...engine.sealed import PerWorker, Sealed
+from ...common import system as _system
+from ...common.errors import EngineError
+from ...wire.sealed import PerWorker, Sealed
 from . import wire
 
 

@@ -24,7 +24,7 @@ import itertools
 import os
 import time
 
-from ... import _system
+from ...common import system as _system
 
 # The most a batch no rank holds is kept for a rank that has not asked for it yet.
 KEEP_S = 120.0

@@ -44,7 +44,7 @@ import threading
 import time
 import types
 
-from ... import _system
+from ...common import system as _system
 from . import deaths, forked, template, wire
 from .budget import Budget
 from .group import Group
@@ -248,7 +248,7 @@ class Pool:
             raise TypeError(f"not a message of the node pool: {m!r}")
 
     def _hello(self, c: _Client, m: wire.Hello, fds) -> None:
-        from ...engine.sealed import Sealed
+        from ...wire.sealed import Sealed
 
         if getattr(m, "version", None) != wire.VERSION:
             wire.close_all(fds)

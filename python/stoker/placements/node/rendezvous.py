@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from ..._errors import EngineError
+from ...common.errors import EngineError
 from ..local import other_threads as _other_threads
 from . import template, wire
 

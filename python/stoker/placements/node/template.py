@@ -43,7 +43,7 @@ import sys
 import threading
 from multiprocessing import context, process, reduction
 
-from ... import _system  # noqa: F401 (imported before forking: the workers need it anyway)
+from ...common import system as _system  # noqa: F401 (imported before forking: the workers need it anyway)
 from . import forked, wire
 
 log = logging.getLogger("stoker")
@@ -366,7 +366,7 @@ class Forker:
     def _fallback(self):
         if self._forkserver is None:
             ctx = context._default_context.get_context("forkserver")
-            ctx.set_forkserver_preload(["stoker.engine.process", "stoker.placements.local"])
+            ctx.set_forkserver_preload(["stoker.worker.process", "stoker.placements.local"])
             self._forkserver = ctx
         return self._forkserver
 

@@ -34,8 +34,8 @@ import socket
 import struct
 from typing import NamedTuple
 
-from ...engine import events
-from ...engine.worker import WorkerConfig
+from ...wire import events
+from ...worker.loop import WorkerConfig
 from ..base import Hung
 
 
@@ -273,7 +273,7 @@ class Batch(NamedTuple):
 
 
 class Event(NamedTuple):
-    """Any other event of `w`'s task (``engine.events``: skips, an error, a stream's state)."""
+    """Any other event of `w`'s task (``wire.events``: skips, an error, a stream's state)."""
 
     w: int
     gen: int

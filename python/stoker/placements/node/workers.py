@@ -38,10 +38,10 @@ import os
 import threading
 import time
 
-from ... import _system
-from ..._errors import EngineError
-from ...engine import events, protocol
-from ...engine import process as _process
+from ...common import system as _system
+from ...common.errors import EngineError
+from ...wire import events, protocol
+from ...worker import process as _process
 from ..base import STARTUP_GRACE_S, Hung, Workers, WorkerView
 from . import deaths, hello, rendezvous, wire
 from .connection import Connection

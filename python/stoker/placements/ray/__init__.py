@@ -3,7 +3,7 @@
 Four parts, each in its own module:
 
 - ``actor.py``, what runs on the cluster: each worker is an actor that runs the same
-  ``engine.worker.WorkerLoop`` over an endpoint of its own (``ActorEndpoint``); a message from
+  ``worker.loop.WorkerLoop`` over an endpoint of its own (``ActorEndpoint``); a message from
   the main process is one actor call, and what the loop sends back is that call's result. A
   batch is laid out by the same C++ encoder into one NumPy buffer, which Ray stores in its object
   store; the main process decodes it where it lies (``_stoker.decode_buffer``): its tensors are

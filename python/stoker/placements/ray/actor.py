@@ -1,6 +1,6 @@
 """What runs on the cluster: one worker as a Ray actor.
 
-An actor holds the same ``engine.worker.WorkerLoop`` as a local worker process, over an endpoint
+An actor holds the same ``worker.loop.WorkerLoop`` as a local worker process, over an endpoint
 of its own (``ActorEndpoint``): each message from the main process is one actor call
 (``handle``), and what the loop sends back (a stream's state, skips, errors, the batch) is that
 call's result. The batch is laid out by the same C++ encoder into one NumPy buffer
@@ -22,10 +22,11 @@ import threading
 import time
 import traceback
 
-from ... import _stoker, _system
-from ..._errors import FallbackRequired
-from ...engine import protocol
-from ...engine.worker import WorkerLoop
+from ... import _stoker
+from ...common import system as _system
+from ...common.errors import FallbackRequired
+from ...wire import protocol
+from ...worker.loop import WorkerLoop
 
 # The names of the worker's states, by their number (the C++ status page's: one source).
 _STATES = _stoker.WORKER_STATES
@@ -42,7 +43,7 @@ def ray_module():
 
 
 class ActorEndpoint:
-    """What a WorkerLoop talks to inside an actor (an ``engine.endpoint.Endpoint``; the actor's
+    """What a WorkerLoop talks to inside an actor (an ``worker.endpoint.Endpoint``; the actor's
     calls hand it its messages, so it has no ``receive``): messages go into the current call's
     result (``outbox``), the status is kept here (``snapshot``). The main process bounds the bytes of
     the batches it holds (``room.Room``), so ``set_shared_memory_limit`` has nothing to do

@@ -1,11 +1,11 @@
 """Naming an actor's death, from Ray's error and what is known of its node: lost with its node,
 killed by Ray's memory monitor, or its process ended (a segfault, a kill). A hang is named in
-the words every placement uses (``engine.deaths.describe_hang``). Pure functions; any thread.
+the words every placement uses (``common.deaths.describe_hang``). Pure functions; any thread.
 """
 
 from __future__ import annotations
 
-from ...engine import deaths as _deaths
+from ...common import deaths as _deaths
 
 
 def name_death(error, info: dict, hung=None) -> tuple[str, str]:

@@ -6,7 +6,7 @@ allows (``Room``), and the CPUs the cluster has for actors (``Cluster``).
   iterator divides the cap among all the workers running, local and remote alike, so a mixed
   loader splits it), as a local worker's slots have. While the bytes a worker's batches hold
   reach its share, its next task is held back in this process; a task held back for
-  ``engine.worker.SHARED_MEMORY_PATIENCE_S`` without a batch of that worker coming free fails with
+  ``worker.loop.SHARED_MEMORY_PATIENCE_S`` without a batch of that worker coming free fails with
   ``SharedMemoryLimitError`` (``expired``), which says what the user holds — the same wait and
   the same error as a local worker waiting for a slot.
 - ``Cluster``: Ray keeps an actor that does not fit pending forever, so the placement asks here
@@ -23,16 +23,16 @@ import threading
 import time
 import weakref
 
-from ..._errors import SharedMemoryLimitError
-from ..._system import human_bytes
-from ...engine import protocol
-from ...engine import worker as _worker
+from ...common.errors import SharedMemoryLimitError
+from ...common.system import human_bytes
+from ...wire import protocol
+from ...worker import loop as _worker
 
 
 class Room:
     def __init__(self, patience_s: float | None = None):
         """`patience_s`: how long a task may wait for room (default: a local worker's,
-        ``engine.worker.SHARED_MEMORY_PATIENCE_S``, as it is when the room is made)."""
+        ``worker.loop.SHARED_MEMORY_PATIENCE_S``, as it is when the room is made)."""
         self.patience_s = _worker.SHARED_MEMORY_PATIENCE_S if patience_s is None else patience_s
         self._lock = threading.Lock()
         self._held: dict[int, tuple[int, int]] = {}  # id(buffer) -> (worker, bytes)

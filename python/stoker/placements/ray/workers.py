@@ -19,9 +19,9 @@ import dataclasses
 import threading
 import time
 
-from ...engine import protocol
-from ...engine.buffer_batch import BufferBatch
-from ...engine.events import TaskFailed, WorkerExited, WorkerLost, WorkerReady, from_message
+from ...wire import protocol
+from ...wire.buffer_batch import BufferBatch
+from ...wire.events import TaskFailed, WorkerExited, WorkerLost, WorkerReady, from_message
 from ..base import Hung, Workers, WorkerView
 from .actor import actor_class, ray_module
 from .deaths import name_death, start_failed

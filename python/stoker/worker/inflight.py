@@ -1,0 +1,339 @@
+"""Many samples in flight inside one worker: ``threads_per_worker`` (docs/design/threads.md).
+
+A batch's samples are loaded at once by up to N threads of the worker (behind one gate of width
+N, ``gate.Gate``, whose threads are made in the worker after it started), or, for an ``async def
+__getitem__``, as up to N coroutines on one event loop of the worker. Either way the results come back in sampler order, so the batch is the one the
+same loader builds with one thread; each sample goes through the error policy on its own
+(``fetch.Fetcher`` decides what a failure means).
+
+``threads_per_worker="auto"``: ``Width`` picks how many at once from what the batches before
+measured (the second batch at each width): it widens while the samples per second rise and the
+worker's CPU time stays well below its wall time (it waits on the network), and goes back to
+the best width seen when widening did not pay. A dataset that computes keeps its CPU busy, so
+"auto" leaves it at one thread (threads would only fight over the GIL).
+
+Thread contract: ``InFlight`` belongs to the thread that loads (the worker's main thread); the
+threads of its gate run only the sample loads handed to them, and call the dataset and the
+per-sample callback (which must be thread-safe: the worker's is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+from concurrent.futures import as_completed
+
+from ..common.gate import Gate
+from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
+
+# "auto" widens while the worker's CPU time is below this share of its wall time
+WAITING_SHARE = 0.6
+GAIN = 1.05  # one whose CPU is busy tries a doubling when its last jump gained this factor
+LOSS = 0.75  # a jump whose samples per second fell below this factor of the width before's
+START = 8  # where "auto" starts: a batch of it tells waiting from computing
+JUMP = 0.8  # a waiting worker widens to this share of what would keep its CPU busy
+# A width is judged over full batches (after its first) holding at least this many samples per
+# thread: with the next batch's samples loading during one batch's last ones, a batch no larger
+# than the width says little alone, while a batch of many rounds of the threads is enough.
+JUDGED_ROUNDS = 2
+
+
+class Width:
+    """How many samples load at once: fixed, or tuned ("auto") as batches are delivered.
+
+    "auto" starts at START. Each width is judged over the full batches after its first (which
+    pays for what is new: threads, connections) that hold JUDGED_ROUNDS samples per thread:
+    their samples per second (from one batch's end to the next's, as the worker delivers them),
+    and the worker's CPU time against that wall time. A worker that computes at its first width
+    (CPU at least WAITING_SHARE of the wall time) goes to one thread and stays there. One that
+    waits jumps by the share it waited (a worker on the CPU 5% of the time could run about 20
+    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to
+    the batch's size (MAX_THREADS at most), as long as no jump lost samples per second (below
+    LOSS of the width before: it goes back to the best width seen, and stays). Once its CPU is
+    busy it tries one doubling more if the last jump gained GAIN, and stays."""
+
+    def __init__(self, setting):
+        self.auto = setting == "auto"
+        self.now = START if self.auto else int(setting)
+        self._rate_at: dict[int, float] = {}
+        self._before: int | None = None  # the width before the last jump
+        self.settled = not self.auto
+        self._size = 0  # the largest batch seen: only such batches judge a width
+        # the first batch at a width pays for what the width is new to (connections opened,
+        # threads started, imports): the next one measures it
+        self._fresh = True
+        self._window = [0, 0.0, 0.0, 0]  # samples, wall s, CPU s, batches at this width
+
+    def _best(self) -> int:
+        return max(self._rate_at, key=self._rate_at.__getitem__)
+
+    def observe(self, samples: int, wall_s: float, cpu_s: float) -> None:
+        """One batch of `samples` took `wall_s`, of which the process spent `cpu_s` on CPU."""
+        if self.settled or samples < 2 or wall_s <= 0:
+            return
+        self._size = max(self._size, samples)
+        if samples < self._size:  # a short (last) batch: its rate is not the width's
+            return
+        if self._fresh:
+            self._fresh = False
+            self._window = [0, 0.0, 0.0, 0]
+            return
+        win = self._window
+        win[0] += samples
+        win[1] += wall_s
+        win[2] += cpu_s
+        win[3] += 1
+        if win[0] < JUDGED_ROUNDS * self.now:
+            return
+        samples, wall_s, cpu_s = win[0], win[1], win[2]
+        w = self.now
+        rate = self._rate_at[w] = samples / wall_s
+        computing = cpu_s >= WAITING_SHARE * wall_s
+        before = self._rate_at.get(self._before) if self._before is not None else None
+        if before is not None and rate < LOSS * before:
+            self.now, self.settled = self._best(), True  # the last jump lost: undone
+            return
+        if computing and before is None:
+            # its first batches kept the CPU busy: more threads would only share the GIL
+            self.now, self.settled = 1, True
+            return
+        if computing and before is not None and rate < GAIN * before:
+            self.settled = True  # its CPU is busy now, and the last jump gained little
+            return
+        # A worker that waits jumps by the share it waited (whatever the samples per second
+        # said, short of a loss: a rate over a few batches on a busy machine is only so exact);
+        # one whose CPU became busy with a jump that paid tries one doubling.
+        factor = 2 if computing else max(2, int(JUMP * wall_s / max(cpu_s, 1e-6)))
+        wider = min(MAX_THREADS, self._size, w * factor)
+        if wider <= w:
+            self.settled = True
+            return
+        self._before, self.now, self._fresh = w, wider, True
+
+
+def is_async(dataset) -> bool:
+    """Whether the dataset's __getitem__ or __getitems__ is an ``async def``."""
+    for name in ("__getitem__", "__getitems__"):
+        f = getattr(type(dataset), name, None)
+        if f is not None and inspect.iscoroutinefunction(f):
+            return True
+    return False
+
+
+def threads_for(setting, dataset):
+    """What ``threads_per_worker`` means for `dataset`: as given, or when it was left unset
+    (None), 1 for a dataset that computes and "auto" for one whose __getitem__ or __getitems__
+    is an ``async def`` (it says its work waits: many of its coroutines run at once)."""
+    if setting is not None:
+        return setting
+    return "auto" if is_async(dataset) else 1
+
+
+class InFlight:
+    """Loads items at once: ``map(load, items)`` returns ``[(ok, value, error)]`` in the items'
+    order. `load(item)` returns the sample (or, for an async dataset, a coroutine for it) or
+    raises; `ok` is False when it raised, `error` then holds the exception.
+
+    One gate bounds what loads at once on threads (``gate.Gate``, of the width now): the
+    batch's samples and those of the next batch started ahead (``start_ahead``) go through it,
+    so never more than the width load at once, whatever the width was when they were handed in.
+    A batch started ahead is always taken up by its ``map``, whatever the width became (each
+    sample is loaded once)."""
+
+    def __init__(self, dataset, setting, width: Width | None = None):
+        """`width`: one kept from an earlier epoch's InFlight (what "auto" learnt)."""
+        self.width = width if width is not None else Width(threads_for(setting, dataset))
+        self.is_async = is_async(dataset)
+        self._gate: Gate | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = os.getpid()
+        self._ahead: dict = {}  # batch key -> the futures of its items, started ahead
+        self._ahead_at: dict = {}  # batch key -> when they started (_now())
+        self._done_at: tuple | None = None  # when the last batch was done (_now())
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether a batch's samples may load at once (else the caller loads them one by one,
+        as before threads existed)."""
+        return self.is_async or self.width.auto or self.width.now > 1
+
+    @property
+    def peak(self) -> int:
+        """The most samples that loaded at once on this process's threads so far."""
+        return self._gate.peak if self._gate is not None and self._gate.usable() else 0
+
+    def map(self, load, items, serial: bool = False, progress=None, key=None,
+            lookahead=None) -> list:
+        """`serial`: one at a time whatever the width (a batch re-issued after its worker died
+        with several samples in flight, so the death names the one that caused it);
+        `progress(in_flight)` is called on this thread before the first item and as each is
+        done, with how many load at once now (the worker's hang watch then times the wait for
+        the next sample, not the whole batch). Threads only: `key` names the batch, whose
+        items may have started already (``start_ahead``: then they are these items' loads,
+        taken up whatever the width is now); `lookahead()` is called on this thread whenever
+        fewer items than the width are left loading, to start the next batch's (it returns
+        False once there is nothing more to start for now)."""
+        ahead = self._ahead.pop(key, None) if key is not None else None
+        began = self._ahead_at.pop(key, None) if key is not None else None
+        n = 1 if serial else min(self.width.now, len(items))
+        if progress is not None:
+            total, report = len(items), progress
+            done = [0]
+
+            def progress():
+                report(min(n, total - done[0]))
+                done[0] += 1
+
+            progress()
+        begin = _now()
+        if began is not None:  # its samples started while the batch before loaded: its
+            # time is from when that one was done (what the worker delivers per second)
+            begin = max(began, self._done_at or begin)
+        if self.is_async:
+            out = self._run_async(load, items, n, progress)
+        elif ahead is not None:
+            out = self._wait(ahead, progress, lookahead)
+        elif n <= 1:  # on this thread (the status page names each sample), each load in a
+            # place at the gate, if there is one (what was started ahead may still load on it)
+            gate = self._gate if self._gate is not None and self._gate.usable() else None
+            out = []
+            for it in items:
+                if gate is None:
+                    out.append(_call(load, it))
+                else:
+                    with gate.place():
+                        out.append(_call(load, it))
+                if progress is not None:
+                    progress()
+        else:
+            gate = self._the_gate()
+            out = self._wait([gate.submit(_call_with, (load, it)) for it in items], progress,
+                             lookahead)
+        end = self._done_at = _now()
+        if not serial:
+            self.width.observe(len(items), end[0] - begin[0], end[1] - begin[1])
+            if self._gate is not None and self._gate.usable():
+                self._gate.resize(self.width.now)
+        return out
+
+    # -- threads ---------------------------------------------------------------------------------
+    def _the_gate(self) -> Gate:
+        """This process's gate, of the width now (one copied by fork has no threads: a new one)."""
+        if self._gate is None or not self._gate.usable():
+            self._gate = Gate(self.width.now)
+        else:
+            self._gate.resize(self.width.now)
+        return self._gate
+
+    def _wait(self, futures, progress, lookahead) -> list:
+        if progress is None and lookahead is None:
+            return [f.result() for f in futures]
+        left = len(futures)
+        for _ in as_completed(futures):
+            left -= 1
+            if progress is not None:
+                progress()
+            if lookahead is not None and left < self.width.now and not lookahead():
+                lookahead = None
+        return [f.result() for f in futures]
+
+    def start_ahead(self, key, load, items) -> None:
+        """Starts loading `items` of the batch `key` (the worker's next task) through the gate,
+        behind the batch loading now (its places free as its samples are done); ``map(...,
+        key=key)`` takes them up. Only while a batch loads on threads (its width > 1)."""
+        gate = self._the_gate()
+        self._ahead[key] = [gate.submit(_call_with, (load, it)) for it in items]
+        self._ahead_at[key] = _now()
+
+    def drop_ahead(self) -> None:
+        """Forgets the batches started ahead (a new epoch: none is left to take them up): what
+        has not started never does, what runs is waited for (nothing of an epoch loads in the
+        next). In a copy made by fork they are only forgotten (their threads are the
+        parent's)."""
+        if self._gate is not None and not self._gate.usable():
+            self._ahead.clear()  # (their futures' locks may be held by the parent's threads)
+            self._ahead_at.clear()
+            return
+        for futures in self._ahead.values():
+            for f in futures:
+                f.cancel()
+        for futures in self._ahead.values():
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()  # (waits; _call_with returns outcomes, never raises)
+        self._ahead.clear()
+        self._ahead_at.clear()
+
+    # -- an event loop ---------------------------------------------------------------------------
+    def _run_async(self, load, items, n: int, progress=None) -> list:
+        if self._loop is None or self._pid != os.getpid():
+            self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
+        gate = None
+
+        async def one(it):
+            async with gate:
+                try:
+                    value = load(it)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    return True, value, None
+                except Exception as e:
+                    return False, None, e
+                finally:
+                    if progress is not None:
+                        progress()  # (the loop runs on this thread)
+
+        async def every():
+            nonlocal gate
+            gate = asyncio.Semaphore(max(1, n))  # made on the running loop (3.9 binds at init)
+            return await asyncio.gather(*(one(it) for it in items))
+
+        return self._loop.run_until_complete(every())
+
+    def close(self) -> None:
+        for futures in self._ahead.values():
+            for f in futures:
+                f.cancel()
+        self._ahead.clear()
+        self._ahead_at.clear()
+        if self._gate is not None and self._gate.usable():
+            self._gate.close()
+        self._gate = None
+        if self._loop is not None and self._pid == os.getpid():
+            self._loop.close()
+        self._loop = None
+
+
+def _now() -> tuple[float, float]:
+    """(wall clock, this process's CPU time), in seconds."""
+    return time.monotonic(), time.process_time()
+
+
+def _call(load, item):
+    try:
+        return True, load(item), None
+    except Exception as e:
+        return False, None, e
+
+
+def _call_with(load_and_item):
+    return _call(*load_and_item)
+
+
+def resolve(value, loop_owner: InFlight | None = None):
+    """A sample that is a coroutine (an async dataset loaded outside a batch: batch_size=None)
+    awaited to its value, on `loop_owner`'s loop."""
+    if not inspect.isawaitable(value):
+        return value
+    if loop_owner is None:
+        return asyncio.run(_await(value))
+    out = loop_owner.map(lambda _: value, [None], serial=True)[0]
+    if not out[0]:
+        raise out[2]
+    return out[1]
+
+
+async def _await(value):
+    return await value
