@@ -8,7 +8,7 @@ CPPBUILD := build/cpp
 JOBS     ?= 2
 
 PY_DEPS := torch==2.13.0 numpy "cloudpickle>=3.0,<4" pytest pytest-timeout hypothesis psutil pillow tqdm prometheus_client nanobind scikit-build-core cmake ninja ruff mypy==2.4.1
-# The frameworks the integration tests run (tests/test_frameworks.py), pinned; torch stays pinned.
+# The frameworks the integration tests run (tests/loader/integrations/test_frameworks.py), pinned; torch stays pinned.
 FW_REQS  := tests/requirements-frameworks.txt
 FW_DEPS  := $(VENV)/.frameworks-stamp
 # tests/vision (Mosaic's streaming, which imports torchvision): their own venv, since PyPI's

@@ -87,6 +87,7 @@ def cgroup_tree(tmp_path, monkeypatch):
 # tests/vision needs torchvision (and what imports it: Mosaic's streaming, timm), whose PyPI
 # builds need torch 2.14.1: `make test-vision` runs them in their own venv (.venv-vision).
 collect_ignore = [] if importlib.util.find_spec("torchvision") else ["vision"]
-# tests/ray starts a Ray cluster: only inside the loopback-only namespace tests/test_ray.py makes.
+# tests/placements/ray/cluster starts a Ray cluster: only inside the loopback-only namespace
+# tests/placements/ray/test_ray.py makes.
 if os.environ.get("STOKER_RAY_NETNS") != "1":
-    collect_ignore.append("ray")
+    collect_ignore.append("placements/ray/cluster")

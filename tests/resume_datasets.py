@@ -242,7 +242,7 @@ class MosaicLikeStream(torch.utils.data.IterableDataset):
         return iter(range(k, self.n, w))
 
 
-# -- per-worker states (tests/resume/test_worker_states.py) ---------------------------------------
+# -- per-worker states (tests/loader/resume/test_worker_states.py) ---------------------------------------
 def _worker():
     """(worker id, number of workers): (0, 1) in the main process."""
     info = torch.utils.data.get_worker_info()

@@ -59,9 +59,9 @@ UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
 STOKER_TEST_TIMEOUT_S=0 \
   "$VENV/bin/python" tests/sanitize_watch.py "$B/pytest.log" "${SANITIZE_STALL_S:-240}" -- \
     "$VENV/bin/python" -m pytest -q -s -p no:cacheprovider \
-    ${SANITIZE_TESTS:-tests/test_values.py tests/test_compat.py tests/test_fidelity.py \
-    tests/test_shared_list.py tests/test_spawn_start.py tests/test_gpu_last_mile.py \
-    tests/test_errors.py} -k "not SIGBUS" || status=$?
+    ${SANITIZE_TESTS:-tests/wire/test_values.py tests/loader/test_compat.py tests/wire/test_fidelity.py \
+    tests/datasets/test_shared_list.py tests/wire/test_spawn_start.py tests/loader/gpu/test_gpu_last_mile.py \
+    tests/loader/test_errors.py} -k "not SIGBUS" || status=$?
 tail -3 "$B/pytest.log"
 
 pattern="runtime error:|ERROR: AddressSanitizer|ERROR: LeakSanitizer"

@@ -64,7 +64,7 @@ ALSO_STAGED = ["README.md", "docs"]
 
 # A module broken on purpose by the pre-flight check, and a test of it that must then fail.
 TRAP_MODULE = "common/advice.py"
-TRAP_TEST = "tests/unit/test_advice_mutants.py"
+TRAP_TEST = "tests/common/test_advice_mutants.py"
 
 # timeout_*: a mutant's tests get (their clean run's time + 2 s) x 4 of wall clock, then it is
 # killed and counted a timeout (detected): a gate whose threads never serve hangs its test.

@@ -1,4 +1,4 @@
-"""Edge cases of a rank, each run in a fresh interpreter by tests/test_node.py:
+"""Edge cases of a rank, each run in a fresh interpreter by tests/placements/node/test_node.py:
 `edges.py CASE NAME` prints one JSON line.
 
 - helper_exits: the rank forks a helper mid-epoch that exits normally (its exit hook runs);

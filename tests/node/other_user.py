@@ -1,5 +1,5 @@
 """Two users of one job on one machine: `other_user.py DIR PORT`, run as root in a mount namespace
-of its own (``unshare --mount``) by tests/test_node.py.
+of its own (``unshare --mount``) by tests/placements/node/test_node.py.
 
 A rank of root starts the job's pool and holds it; then a rank of uid 65534, with the same
 MASTER_ADDR:MASTER_PORT (the same job), runs two epochs. Writes DIR/result.json with both

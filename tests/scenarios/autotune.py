@@ -1,4 +1,4 @@
-"""Scenario of tests/test_autotune.py: worker deaths under a scripted tuner, in a fresh process
+"""Scenario of tests/loader/autotune/test_autotune.py: worker deaths under a scripted tuner, in a fresh process
 (it patches the tuner's class and the usable CPUs)."""
 
 from __future__ import annotations

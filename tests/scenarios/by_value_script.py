@@ -1,5 +1,5 @@
 """A training script as people write them, run as ``python by_value_script.py CONTEXT...``
-(tests/test_by_value.py): a top-level sample class and module state; closures (a worker_init_fn,
+(tests/pickling/test_by_value.py): a top-level sample class and module state; closures (a worker_init_fn,
 a collate_fn that reads the dataset) sharing a variable, a namedtuple, a shared-memory tensor,
 an mp.Value and an mp.Queue; under the main guard a module import, an open file and a function
 that uses them. Each loader runs under each start method named;

@@ -3,7 +3,7 @@ file by the test, as a package ``rules``) on another Python, without stoker or t
 class defined under this script's main guard, sent to forkserver and spawn children as stoker
 sends its workers' dataset, collate_fn and worker_init_fn. Prints one JSON line.
 
-Run as ``pythonX.Y by_value_standalone.py`` (tests/test_by_value.py does, for each Python 3.12 or
+Run as ``pythonX.Y by_value_standalone.py`` (tests/pickling/test_by_value.py does, for each Python 3.12 or
 later it finds): it checks what depends on the interpreter's version (code objects, a class's
 ``__firstlineno__`` from 3.13, the start methods' rules), not stoker's transport.
 """

@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_enable.py, and what the processes they start import by name: the
+"""Scenarios of tests/loader/integrations/test_enable.py, and what the processes they start import by name: the
 datasets (``Squares``, ``LocksInWorkers``) and the spawned child's ``child_served``.
 ``train_unchanged.py`` beside it is the unchanged program ``stoker run`` serves."""
 

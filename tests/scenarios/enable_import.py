@@ -1,4 +1,4 @@
-"""A scenario of tests/test_enable.py kept apart from ``enable.py``: this module imports nothing
+"""A scenario of tests/loader/integrations/test_enable.py kept apart from ``enable.py``: this module imports nothing
 at its top, so that the scenario sees what ``import stoker`` alone imports."""
 
 from __future__ import annotations

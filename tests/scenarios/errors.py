@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_errors.py: bad samples, batches and workers, each in a fresh process,
+"""Scenarios of tests/loader/test_errors.py: bad samples, batches and workers, each in a fresh process,
 end in one clear error in the main process (each scenario returns, and so passes, only once
 the error it expects has been raised and checked: `expect_raises` fails it when none comes)."""
 

@@ -1,5 +1,5 @@
 """Hangs explained with the worker's own stack; Python errors under raise / skip / retry
-(tests/faults/test_hangs_and_errors.py)."""
+(tests/loader/iterators/test_hangs_and_errors.py)."""
 
 from __future__ import annotations
 

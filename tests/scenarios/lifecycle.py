@@ -1,4 +1,4 @@
-"""Clean exits and starts (tests/faults/test_lifecycle.py): low limits, many create/destroy
+"""Clean exits and starts (tests/loader/iterators/test_lifecycle.py): low limits, many create/destroy
 cycles, datasets spawn cannot send, CUDA before a fork, what a worker inherits."""
 
 from __future__ import annotations

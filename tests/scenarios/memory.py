@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_memory.py: the shared memory a user's batches pin, and
+"""Scenarios of tests/loader/test_memory.py: the shared memory a user's batches pin, and
 max_shared_memory's cap, each in a fresh process (they patch stoker's module globals)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_observability.py: the data-stall notice (logging set up from the
+"""Scenarios of tests/loader/iterators/test_observability.py: the data-stall notice (logging set up from the
 start) and stoker doctor on a private, small /dev/shm, each in a fresh process."""
 
 from __future__ import annotations

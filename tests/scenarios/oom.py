@@ -1,5 +1,5 @@
 """A worker killed by the out-of-memory killer of a memory cgroup is named as such
-(tests/faults/test_oom.py; the test starts this process inside a small memory cgroup)."""
+(tests/loader/iterators/test_oom.py; the test starts this process inside a small memory cgroup)."""
 
 from __future__ import annotations
 

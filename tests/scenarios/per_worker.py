@@ -1,5 +1,5 @@
 """Handles opened in each worker (``stoker.per_worker``): an sqlite3 connection (``Rows``, for
-tests/test_by_value.py, here so that a spawned worker imports it without the tests' conftest),
+tests/pickling/test_by_value.py, here so that a spawned worker imports it without the tests' conftest),
 and a real fork-unsafe library: a Lance dataset (pylance: a Rust runtime with its own threads)
 opened and read in the main process, then read from forked workers (prints one JSON line)."""
 

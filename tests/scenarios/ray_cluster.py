@@ -1,4 +1,4 @@
-"""Scenarios of the Ray placement's tests (tests/ray/test_cluster.py): processes the test kills."""
+"""Scenarios of the Ray placement's tests (tests/placements/ray/cluster/test_cluster.py): processes the test kills."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_resources.py: the limits that break torch's transport (a small
+"""Scenarios of tests/loader/test_resources.py: the limits that break torch's transport (a small
 /dev/shm, descriptors, slots), each in a fresh process."""
 
 from __future__ import annotations

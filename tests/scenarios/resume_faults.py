@@ -1,4 +1,4 @@
-"""Scenarios of tests/resume/test_faults.py: checkpoints taken around deaths, each in a fresh
+"""Scenarios of tests/loader/resume/test_resume_faults.py: checkpoints taken around deaths, each in a fresh
 process; ``train_and_checkpoint`` is the training run the test SIGKILLs and starts again."""
 
 from __future__ import annotations

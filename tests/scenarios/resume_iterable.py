@@ -1,4 +1,4 @@
-"""Scenario of tests/resume/test_iterable.py: load_state_dict on a live iterator after one
+"""Scenario of tests/loader/resume/test_iterable.py: load_state_dict on a live iterator after one
 worker's stream ended, in a fresh process."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_shared_list.py: SharedList's pages shared with spawned workers and
+"""Scenarios of tests/datasets/test_shared_list.py: SharedList's pages shared with spawned workers and
 with a forked child, each in a fresh process."""
 
 from __future__ import annotations

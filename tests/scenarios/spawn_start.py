@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_spawn_start.py: spawn and forkserver workers that map the one sealed
+"""Scenarios of tests/wire/test_spawn_start.py: spawn and forkserver workers that map the one sealed
 memfd holding the dataset, each in a fresh process (start methods and sharing strategies are
 process-wide)."""
 

@@ -1,4 +1,4 @@
-"""Workers that die while they start (tests/faults/test_startup_deaths.py): killed by a signal
+"""Workers that die while they start (tests/loader/iterators/test_startup_deaths.py): killed by a signal
 before their first sample (the OOM killer choosing the newest process, an operator, a fault in
 native code), they are restarted within max_restarts like any other death; a start-up that
 raises ends the run at once, with its traceback; one killed at every start is named with its

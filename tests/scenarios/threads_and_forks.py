@@ -1,4 +1,4 @@
-"""Threads and forks that are not workers (tests/faults/test_threads_and_forks.py): a child forked
+"""Threads and forks that are not workers (tests/loader/iterators/test_threads_and_forks.py): a child forked
 from the main process frees nothing the main process uses and keeps none of the loader's slots or
 descriptors; workers started from a thread outlive that thread."""
 

@@ -1,4 +1,4 @@
-"""An unchanged training program, not a scenario: tests/test_enable.py copies it into a folder of
+"""An unchanged training program, not a scenario: tests/loader/integrations/test_enable.py copies it into a folder of
 its own and runs it under ``stoker run``, as a script and as a module (``-m train_unchanged``).
 Its loaders, and the one of a child it spawns, must be served by stoker."""
 

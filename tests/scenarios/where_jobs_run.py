@@ -1,4 +1,4 @@
-"""Settings real training jobs create (tests/faults/test_where_jobs_run.py): other threads,
+"""Settings real training jobs create (tests/loader/iterators/test_where_jobs_run.py): other threads,
 stopped or stuck workers, dropped iterators, redirected output, the user's gc.freeze(), indices
 that are not ints."""
 

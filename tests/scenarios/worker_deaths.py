@@ -1,4 +1,4 @@
-"""Workers that die (tests/faults/test_worker_deaths.py): every death named, survived when
+"""Workers that die (tests/loader/iterators/test_worker_deaths.py): every death named, survived when
 allowed, every sample exactly once."""
 
 from __future__ import annotations

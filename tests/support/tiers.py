@@ -2,8 +2,8 @@
 
 - ``unit``: no process is started (torch only where needed); ``make test-quick`` runs them, in
   well under a minute. A test says so itself (``@pytest.mark.unit``, or a module's
-  ``pytestmark``; every test under tests/unit/ is one), and the tier is kept honest: a unit test that starts a process (fork, spawn,
-  a subprocess, a multiprocessing start) fails with ``StartedAProcess``.
+  ``pytestmark``), and the tier is kept honest: a unit test that starts a process (fork,
+  spawn, a subprocess, a multiprocessing start) fails with ``StartedAProcess``.
 - ``system``: frameworks, Ray clusters, the benches, the soak, the vision venv: the modules in
   SYSTEM, marked here.
 - ``scenario``: everything else: real workers, scenarios in a fresh interpreter.
@@ -25,14 +25,14 @@ import pytest
 
 # Modules (paths under tests/) of the system tier.
 SYSTEM = (
-    "test_frameworks.py",
-    "test_ray.py",
-    "test_bench.py",
+    "loader/integrations/test_frameworks.py",
+    "placements/ray/test_ray.py",
+    "tools/test_bench.py",
     "test_soak.py",
     "test_demo.py",
-    "resume/test_with_frameworks.py",
+    "loader/resume/test_with_frameworks.py",
     "vision/",
-    "ray/",
+    "placements/ray/cluster/",
 )
 
 TIERS = ("unit", "scenario", "system")
@@ -54,7 +54,7 @@ def _refuse(*args, **kwargs):
 
 def tier_of(item) -> str:
     rel = os.path.relpath(str(item.path), HERE).replace(os.sep, "/")
-    if item.get_closest_marker("unit") is not None or rel.startswith("unit/"):
+    if item.get_closest_marker("unit") is not None:
         return "unit"
     if item.get_closest_marker("system") is not None:
         return "system"
