@@ -43,7 +43,7 @@ tests() {
   need pytest || return 1
   ls python/stoker/_stoker*.so >/dev/null 2>&1 || build || return 1
   timeout 300 "$PY" -m pytest -q -p no:cacheprovider benchmarks/gpu/test_on_gpu.py \
-      tests/test_gpu_last_mile.py -k "not torchs_one_warning" 2>&1 | tee "$OUTDIR/gpu-tests.txt"
+      tests/loader/gpu/test_gpu_last_mile.py -k "not torchs_one_warning" 2>&1 | tee "$OUTDIR/gpu-tests.txt"
 }
 
 measure() {
