@@ -68,7 +68,8 @@ def children_of_an_enabled_process(method):
     assert plain == {"torch": False, "stoker": False, "hook": True, "waiting": True}, plain
     user = _ask(ctx, use_torch=True)
     print("TORCH", user)
-    here = os.path.join(os.path.dirname(stoker.__file__), "integrations", "on_torch_import.py")
+    here = os.path.join(os.path.dirname(stoker.__file__), "loader", "integrations",
+                        "on_torch_import.py")
     assert user["enabled"] and user["hook_file"] == here and user["twice"] == [], user
 
 

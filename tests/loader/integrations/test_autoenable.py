@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+import stoker
 from stoker.loader.integrations import children, enable, on_torch_import
 from support.scenarios import (
     HERE,  # tests/
@@ -58,7 +59,7 @@ def _package_spec(monkeypatch, places):
 @pytest.mark.unit
 def test_the_carry_finds_the_hook_in_any_of_the_packages_locations(monkeypatch, tmp_path,
                                                                    fresh_hook):
-    package = os.path.dirname(os.path.dirname(children.__file__))
+    package = os.path.dirname(stoker.__file__)  # the package, where HOOK_FILE is
     _package_spec(monkeypatch, [str(tmp_path), package])  # the first has no hook file
     pickle.loads(pickle.dumps(children._Carry(ENTRY, '{"on_error": "skip"}')))
     assert CALLS == [('{"on_error": "skip"}',)]  # torch is imported here: called at once

@@ -29,7 +29,7 @@ ENV = "STOKER_ENABLE"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 # The child side: the name it is loaded under, and its file in the package.
 HOOK = "stoker.loader.integrations.on_torch_import"
-HOOK_FILE = ("integrations", "on_torch_import.py")
+HOOK_FILE = ("loader", "integrations", "on_torch_import.py")
 
 # What unpickling the carry runs in a spawn child. It is source, not a function of stoker,
 # because importing stoker there would import torch. It finds on_torch_import.py without
