@@ -1,10 +1,10 @@
-"""stoker's by-value rules (``stoker/pickling/by_value.py`` and ``pickling/main_script.py``, copied beside this
-file by the test, as a package ``rules``) on another Python, without stoker or torch: a local class, a lambda, a closure, a partial and a
-class defined under this script's main guard, sent to forkserver and spawn children as stoker
+"""stoker's by-value rules (``stoker/pickling/by_value.py`` and ``main_script.py``, copied
+beside this file by the test, as a package ``rules``) on another Python, without stoker or torch:
+a local class, a lambda, a closure, a partial and a class defined under this script's main guard, sent to forkserver and spawn children as stoker
 sends its workers' dataset, collate_fn and worker_init_fn. Prints one JSON line.
 
-Run as ``pythonX.Y by_value_standalone.py`` (tests/pickling/test_by_value.py does, for each Python 3.12 or
-later it finds): it checks what depends on the interpreter's version (code objects, a class's
+Run as ``pythonX.Y by_value_standalone.py`` (tests/pickling/test_by_value.py does, for each
+Python 3.12 or later it finds): it checks what depends on the interpreter's version (code objects, a class's
 ``__firstlineno__`` from 3.13, the start methods' rules), not stoker's transport.
 """
 
@@ -14,7 +14,7 @@ import multiprocessing
 import pickle
 import sys
 
-from rules import _by_value
+from rules import by_value as _by_value
 
 
 def load_and_run(data: bytes) -> list:
