@@ -123,12 +123,6 @@ class Pool:
         """A hello: `s` joins the group of its key, made for the first one."""
         from ...wire.sealed import Sealed
 
-        if getattr(m, "version", None) != wire.VERSION:
-            wire.close_all(fds)
-            s.put(wire.Refused(f"this node pool speaks version {wire.VERSION} of its protocol "
-                               f"and the rank {getattr(m, 'version', '?')}: the rank and the "
-                               "pool run different versions of stoker"), ())
-            return
         with self.lock:
             if self.budget is None:
                 self.budget = Budget(pool_size(m.workers, m.ranks))

@@ -6,6 +6,8 @@ that reads it and hands each message to the pool or the connection's group.
 - ``Task`` / ``Release`` / ``Forget`` / ``Kill`` go to the group. A message whose handling
   fails is answered, never dropped: the virtual worker it concerns dies, named
   (``deaths.message_failed``);
+- a frame of another protocol version is answered with a ``Refused`` naming both versions
+  (the rank reads the version in its header: wire.py);
 - the connection ends when its socket does or the rank's process does (the reader also watches
   the peer's pidfd: a descriptor inherited by a child of the rank cannot hide its death), and
   leaves its group (``pool.leave``).
@@ -41,6 +43,7 @@ class Session:
         self.outbox: collections.deque = collections.deque()  # (message, its own fd copies)
         self.ready = threading.Condition(threading.Lock())
         self.closed = False
+        self.refused_version = False  # (a peer of another version is told once)
 
     def put(self, message, fds) -> None:
         copies = [os.dup(fd) for fd in fds]  # the writer sends and closes them
@@ -100,6 +103,9 @@ def read(pool, s: Session) -> None:
                 return  # the rank's process ended (a child may still hold the socket)
             try:
                 got = wire.recv(s.sock)
+            except wire.VersionMismatch as e:
+                _refuse_version(s, e)
+                continue
             except OSError:
                 return
             if got is None:
@@ -123,6 +129,16 @@ def read(pool, s: Session) -> None:
         if pidfd is not None:
             os.close(pidfd)
         pool.leave(s)
+
+
+def _refuse_version(s: Session, e: wire.VersionMismatch) -> None:
+    """A frame of another protocol: the rank reads the version in the answer's header (and
+    raises, naming both); a rank too old to read it sees its connection refused."""
+    if not s.refused_version:
+        s.refused_version = True
+        log.warning("stoker node pool: pid %d speaks protocol %s of the node pool, this pool "
+                    "%d: refused", s.pid, e.theirs, e.ours)
+        s.put(wire.Refused(f"the node pool speaks protocol {e.ours}, this rank {e.theirs}"), ())
 
 
 def handle(pool, s: Session, m, fds) -> None:
