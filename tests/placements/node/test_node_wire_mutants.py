@@ -17,6 +17,8 @@ from stoker.placements.node import wire
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
+HEAD = b"SK" + struct.pack("<H", 3)  # every frame's header: its protocol version
+
 
 @pytest.fixture
 def pair():
@@ -119,7 +121,7 @@ def test_a_small_message_goes_inline(pair):
     a, b = pair
     wire.send(a, ("hello", 1, {"k": [1, 2]}))
     raw = b.recv(wire.INLINE_MAX + 64)
-    assert raw == b"I" + pickle.dumps(("hello", 1, {"k": [1, 2]}), protocol=5)
+    assert raw == HEAD + b"I" + pickle.dumps(("hello", 1, {"k": [1, 2]}), protocol=5)
     wire.send(a, wire.Release(5))
     assert wire.recv(b) == (wire.Release(5), [])
 
@@ -137,12 +139,12 @@ def test_a_message_of_inline_max_goes_inline_and_one_byte_more_in_a_memfd(pair):
     msg = _exactly(wire.INLINE_MAX)
     wire.send(a, msg)
     raw = b.recv(wire.INLINE_MAX + 64)
-    assert raw[:1] == b"I" and len(raw) == wire.INLINE_MAX + 1
+    assert raw[:5] == HEAD + b"I" and len(raw) == len(HEAD) + wire.INLINE_MAX + 1
     more = _exactly(wire.INLINE_MAX + 1)
     wire.send(a, more)
     raw, fds, _, _ = socket.recv_fds(b, wire.INLINE_MAX + 64, 8)
     try:
-        assert raw == b"M" + struct.pack("<Q", wire.INLINE_MAX + 1) and len(fds) == 1
+        assert raw == HEAD + b"M" + struct.pack("<Q", wire.INLINE_MAX + 1) and len(fds) == 1
         assert pickle.loads(os.pread(fds[0], wire.INLINE_MAX + 1, 0)) == more
     finally:
         wire.close_all(fds)
@@ -207,7 +209,7 @@ def test_a_truncated_message_is_an_error_and_its_descriptors_are_closed(pair):
     a, b = pair
     r, w = os.pipe()
     try:
-        a.sendmsg([b"I" + b"x" * (wire.INLINE_MAX + 100)],
+        a.sendmsg([HEAD + b"I" + b"x" * (wire.INLINE_MAX + 100)],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
         before = set(os.listdir("/proc/self/fd"))
         with pytest.raises(OSError, match="^stoker: a node-pool message was truncated$"):
@@ -222,7 +224,7 @@ def test_too_many_descriptors_are_a_truncation(pair):
     a, b = pair
     fds = [os.dup(0) for _ in range(70)]
     try:
-        a.sendmsg([b"I" + pickle.dumps(1)],
+        a.sendmsg([HEAD + b"I" + pickle.dumps(1)],
                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         with pytest.raises(OSError, match="truncated"):
             wire.recv(b)
@@ -282,7 +284,7 @@ def test_close_all_closes_what_it_can():
 
 
 def test_the_version_and_messages():
-    assert wire.VERSION == 2
+    assert wire.VERSION == 3
     assert wire.Release(3).bid == 3
     assert wire.Ready(1, "j", 2, (3,), 1)._fields == ("pid", "job", "workers", "pids", "clients")
 

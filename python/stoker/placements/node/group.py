@@ -1,20 +1,18 @@
 """One dataset's workers in the node's pool, shared by every rank's iterator that loads it.
 
-A ``Group`` is made for the first rank that asks with a given key (hello.py), from the sealed
-memfd that rank sent: every worker of the group maps it. Its workers are the local placement's
-own processes (``LocalProcesses``, forked from the pool's template), started, watched and named
-exactly as a rank's own would be. Its state is records, no parallel tables: a ``PoolWorker``,
-``Client`` and ``Task`` each (records.py), the ``Ledger`` of batches sent (ledger.py) and the
-``Streams`` that say which ranks are peers (streams.py). docs/design/node.md has the rules:
-workers start as tasks need them, load only with a token of the node's ``Budget``, the rank
-furthest behind first; a batch is loaded once for a group's peers and kept until each took it;
-a death is told to the ranks that asked (the pool forgets the rest of those incarnations);
-workers that keep dying as they start break the group.
+Made for the first rank that asks with a key (hello.py), from its sealed memfd. Its workers are
+given to it (server.py builds ``LocalProcesses``, forked from the pool's template; a test, a
+fake with the same methods); its thread waits on them once ``start`` is called. Its state is
+records: a ``PoolWorker``, ``Client`` and ``Task`` each (records.py), the ``Ledger`` of batches
+sent (ledger.py), the ``Streams`` that say which ranks are peers (streams.py). The rules are
+docs/design/node.md's (workers started as tasks need them, the node's ``Budget``, the rank
+furthest behind first, batches kept for peers, deaths told to the ranks that asked, a group
+broken by failed starts).
 
 Thread contract: every method takes the group's own ``lock`` (re-entrant), which nothing else
-needs (the pool's lock is never held while a group works); its thread waits on workers without it. A process is started under this lock only (a fork of the template: a few
-milliseconds), never under one another group or the pool needs. ``kill`` runs without it (it
-waits up to a second for a stack). Messages to ranks go through ``pool.send`` (it only queues).
+needs; its thread waits on workers without it. A process is started under this lock only (a
+fork of the template: milliseconds). ``kill`` runs without it (it waits up to a second for a
+stack). Messages to ranks go through ``pool.send`` (it only queues).
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ import threading
 import time
 
 from ...wire import events, fdpass, protocol
-from ...wire.board import Board
 from ..base import STARTUP_GRACE_S, Hung
-from ..local import LocalProcesses
 from . import deaths, wire
 from .ledger import Ledger, keep_bound
 from .records import Asker, Client, PoolWorker, Task, breaks_group
@@ -40,7 +36,10 @@ RECHECK_S = 0.5  # how often kept batches are looked at again (their age, who is
 
 
 class Group:
-    def __init__(self, pool, key: str, config, sealed, size: int, budget, ctx, stdio=()):
+    """`workers` (``LocalProcesses``, or anything with its methods) and `board` (whose token
+    they carry) are the group's from here on; nothing runs until ``start``."""
+
+    def __init__(self, pool, key: str, config, sealed, budget, workers, board, stdio=()):
         self.pool = pool
         self.key = key
         self._stdio = list(stdio)  # the first rank's stdout, stderr: where its workers print
@@ -50,12 +49,9 @@ class Group:
         self.budget = budget
         self.lock = threading.RLock()
         self._sealed = sealed
-        # A board of its own: `stoker top` and `stoker doctor` see the pool and its workers
-        # (their status pages carry its token), counted once for every rank it serves.
-        self.board = Board(size, f"stoker node pool {pool.job}")
-        self.workers = LocalProcesses(ctx, size, self.board.token, sealed=sealed,
-                                      keep_slot_fds=True)
-        self._slots = [PoolWorker(i) for i in range(size)]
+        self.board = board
+        self.workers = workers
+        self._slots = [PoolWorker(i) for i in range(workers.num_workers)]
         self._clients: dict[int, Client] = {}
         self._tasks: dict[tuple, Task] = {}  # queued or running, by identity
         self.ledger = Ledger(*keep_bound())
@@ -67,6 +63,9 @@ class Group:
         self._closed = False
         self._thread = threading.Thread(target=self.run, name=f"stoker-node-group-{key[:8]}",
                                         daemon=True)
+
+    def start(self) -> None:
+        """Starts the thread that waits on the workers (they start as tasks need them)."""
         self._thread.start()
 
     # -- reads -----------------------------------------------------------------------------------
@@ -444,7 +443,8 @@ class Group:
         """Ends the workers and waits for the thread, after ``close`` (without any lock: a
         worker may take a moment to be reaped)."""
         self.workers.shutdown()
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         self._sealed.close()
         wire.close_all(self._stdio)
         self.board.close()

@@ -108,7 +108,7 @@ def make(config, workers) -> tuple[wire.Hello, Sealed]:
         plain = dataclasses.replace(
             config, dataset=None, collate_fn=None, init_fn=None, stream_states={},
             shared_memory_share=None, prepare=preparation(uses_main))
-        return wire.Hello(wire.VERSION, key, plain, workers, _system.local_ranks(),
+        return wire.Hello(key, plain, workers, _system.local_ranks(),
                           os.environ.get("RANK"), len(sealed.fds())), sealed
     except BaseException:
         sealed.close()

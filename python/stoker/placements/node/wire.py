@@ -9,14 +9,16 @@ descriptors (a batch's slot, the dataset's sealed memfd) beside them as SCM_RIGH
   accepts only its own user, a rank talks only to a pool of its own user.
 - ``send`` / ``recv``: one message, its descriptors with it. A message larger than
   ``INLINE_MAX`` (an error's long traceback, a dataset's state) travels in a memfd, so no
-  message ever meets the socket's size limit.
+  message ever meets the socket's size limit. Each frame's header carries ``VERSION``, read
+  before anything is unpickled: a peer of another version is a ``VersionMismatch`` naming both
+  (a changed message shape never reaches a rank as a dropped connection).
 
 Both ends are processes of the same user, which trust each other (docs/design/node.md states
 the threat model): a message is a pickle, as multiprocessing's own pipes are.
 
-The messages are the table below, one ``NamedTuple`` per kind, imported by both ends; a rank's
-``Hello`` carries ``VERSION`` and a pool of another version refuses it (``Refused``) rather
-than misread it.
+The messages are the table below, one ``NamedTuple`` per kind, imported by both ends. A pool
+that reads a frame of another version answers ``Refused``; the rank reads the version in that
+answer's header and raises, naming both.
 
 Thread contract: ``send`` on one socket may be called from several threads only under the
 caller's lock (a message is one ``sendmsg``, but the caller keeps its order); ``recv`` by one
@@ -53,6 +55,30 @@ _RECV_MAX = INLINE_MAX + 64
 _MAX_FDS = 64
 _CRED = struct.Struct("3i")  # pid, uid, gid
 _INLINE, _IN_MEMFD = b"I", b"M"
+# A frame: MAGIC, the sender's VERSION, then _INLINE and the pickle, or _IN_MEMFD and its size
+# (the memfd first among the descriptors). Version 2's frames began with _INLINE or _IN_MEMFD.
+MAGIC = b"SK"
+_HEAD = struct.Struct("<2sH")
+_UNVERSIONED = 2  # the last version whose frames did not carry it
+
+
+class VersionMismatch(Exception):
+    """A frame of another version of the protocol: `theirs` (None: not a stoker frame) and
+    `ours`."""
+
+    def __init__(self, theirs: int | None, ours: int):
+        self.theirs, self.ours = theirs, ours
+        super().__init__(f"a node-pool frame of protocol {theirs if theirs is not None else '?'}"
+                         f", this process speaks {ours}")
+
+    def for_rank(self, job: str) -> str:
+        """What a rank's user is told when its pool (the peer) speaks another version."""
+        theirs = self.theirs if self.theirs is not None else "no version of it"
+        return (f"stoker: the node pool speaks protocol {theirs}, this rank {self.ours}: a pool "
+                f"from another stoker version is running for this job ({job}). Run every rank "
+                "of a job with the same stoker; the other pool (processes named stoker-pool) "
+                "exits once its last rank has gone, or give this job a name of its own "
+                "(placement=stoker.Node(name=...)).")
 
 
 class PeerRefused(Exception):
@@ -107,9 +133,10 @@ def send(sock: socket.socket, message, fds=()) -> None:
         except BaseException:
             os.close(extra)
             raise
-        head, fds = _IN_MEMFD + struct.pack("<Q", len(data)), [extra, *fds]
+        head, fds = _HEAD.pack(MAGIC, VERSION) + _IN_MEMFD + struct.pack("<Q", len(data)), \
+            [extra, *fds]
     else:
-        head = _INLINE + data
+        head = _HEAD.pack(MAGIC, VERSION) + _INLINE + data
     try:
         if fds:
             sock.sendmsg([head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -133,6 +160,11 @@ def recv(sock: socket.socket):
         for fd in fds:
             os.close(fd)
         raise OSError("stoker: a node-pool message was truncated")
+    version = frame_version(data)
+    if version != VERSION:
+        close_all(fds)
+        raise VersionMismatch(version, VERSION)
+    data = data[_HEAD.size:]
     if data[:1] == _IN_MEMFD:
         (size,) = struct.unpack("<Q", data[1:9])
         memfd, fds = fds[0], list(fds[1:])
@@ -142,6 +174,15 @@ def recv(sock: socket.socket):
             os.close(memfd)
         return pickle.loads(payload), fds
     return pickle.loads(data[1:]), list(fds)
+
+
+def frame_version(data: bytes) -> int | None:
+    """The protocol version of a frame, read from its header (None: not a stoker frame)."""
+    if data[:2] == MAGIC and len(data) >= _HEAD.size:
+        return _HEAD.unpack_from(data)[1]
+    if data[:1] in (_INLINE, _IN_MEMFD):
+        return _UNVERSIONED
+    return None
 
 
 def _recv_fds(sock: socket.socket) -> tuple[bytes, list, int]:
@@ -166,9 +207,10 @@ def close_all(fds) -> None:
 
 
 # -- the messages -------------------------------------------------------------------------------
-# Bumped whenever a message below changes: a pool and a rank of different stoker versions do not
-# talk (the rank is refused at its hello, with both versions named).
-VERSION = 2
+# Bumped whenever a message below or the frame changes: a pool and a rank of different versions
+# do not talk (every frame's header says its version; the rank is told, with both named).
+# 3: the version moved from the Hello into every frame's header.
+VERSION = 3
 
 
 # A rank to the pool. `w` is the rank's virtual worker, `gen` its incarnation (what the pool sends
@@ -178,7 +220,6 @@ class Hello(NamedTuple):
     and worker_init_fn come beside it, in the sealed memfd), the pool size it asks for, the
     ranks on this machine and its own rank. Answered by ``Ready`` or ``Refused``."""
 
-    version: int
     key: str
     config: WorkerConfig
     workers: int | str  # an int, or "auto"

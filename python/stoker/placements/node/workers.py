@@ -114,7 +114,10 @@ class NodeWorkers(Workers):
                 raise ConnectionError("the node pool ended before it took this loader")
         finally:
             sealed.close()
-        got = wire.recv(conn.sock) if wire.readable(conn.sock, HELLO_TIMEOUT_S) else None
+        try:
+            got = wire.recv(conn.sock) if wire.readable(conn.sock, HELLO_TIMEOUT_S) else None
+        except wire.VersionMismatch as e:  # (the pool's answer, read no further than its header)
+            raise EngineError(e.for_rank(self._job)) from None
         answer = got[0] if got is not None else None
         if got is not None:
             wire.close_all(got[1])
