@@ -9,8 +9,14 @@ import threading
 
 import pytest
 
+from stoker.config.load import LoadSettings, is_async, threads_for
 from stoker.worker import inflight
-from stoker.worker.inflight import InFlight, Width, is_async, resolve, threads_for
+from stoker.worker.inflight import InFlight, Width, resolve
+
+
+def at(threads, dataset=None) -> LoadSettings:
+    """Settings loading `threads` at once (None: resolved for `dataset`, as the iterator does)."""
+    return LoadSettings(threads=threads_for(threads, dataset))
 
 
 def test_the_constants():
@@ -219,12 +225,12 @@ def test_async_datasets():
 
 
 def test_concurrent():
-    assert not InFlight(Plain(), 1).concurrent
-    assert InFlight(Plain(), 2).concurrent
-    assert InFlight(Plain(), "auto").concurrent
-    assert InFlight(AsyncItem(), 1).concurrent
+    assert not InFlight(Plain(), at(1)).concurrent
+    assert InFlight(Plain(), at(2)).concurrent
+    assert InFlight(Plain(), at("auto")).concurrent
+    assert InFlight(AsyncItem(), at(1)).concurrent
     w = Width(5)
-    assert InFlight(Plain(), 1, width=w).width is w
+    assert InFlight(Plain(), at(1), width=w).width is w
 
 
 # -- loading --------------------------------------------------------------------------------------------
@@ -235,7 +241,7 @@ def _load(item):
 
 
 def test_one_at_a_time_on_this_thread():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     threads, shown = [], []
 
     def load(i):
@@ -252,7 +258,7 @@ def test_one_at_a_time_on_this_thread():
 
 
 def test_threads_load_in_order_and_report_progress():
-    fl = InFlight(Plain(), 3)
+    fl = InFlight(Plain(), at(3))
     shown = []
     out = fl.map(_load, list(range(7)), progress=shown.append)
     assert out == [(True, i * 2, None) for i in range(7)]
@@ -266,7 +272,7 @@ def test_threads_load_in_order_and_report_progress():
 
 
 def test_a_serial_batch_loads_one_at_a_time_whatever_the_width():
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     threads = []
 
     def load(i):
@@ -282,7 +288,7 @@ def test_a_serial_batch_loads_one_at_a_time_whatever_the_width():
 
 
 def test_a_batch_of_one_loads_on_this_thread():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     seen = []
     fl.map(lambda i: seen.append(threading.get_ident()) or i, [5])
     assert seen == [threading.get_ident()] and fl._gate is None
@@ -290,7 +296,7 @@ def test_a_batch_of_one_loads_on_this_thread():
 
 
 def test_the_width_is_observed_and_the_gate_resized():
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = []
     fl.width.observe = lambda n, wall, cpu: seen.append((n, wall >= 0, cpu >= 0))
     fl.map(_load, list(range(10)))
@@ -302,7 +308,7 @@ def test_the_width_is_observed_and_the_gate_resized():
 
 
 def test_a_batch_started_ahead_is_taken_up():
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     fl.map(_load, [0, 1])  # (a gate)
     calls = []
 
@@ -323,7 +329,7 @@ def test_a_batch_started_ahead_is_taken_up():
 
 
 def test_lookahead_is_called_until_it_says_no_more():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     asked = []
 
     def lookahead():
@@ -336,7 +342,7 @@ def test_lookahead_is_called_until_it_says_no_more():
 
 
 def test_lookahead_is_called_once_fewer_than_the_width_are_left():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     left_when_asked = []
     done = [0]
 
@@ -353,7 +359,7 @@ def test_lookahead_is_called_once_fewer_than_the_width_are_left():
 
 
 def test_drop_ahead_forgets_the_batches_started_ahead():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     hold = threading.Event()
     started = threading.Event()
 
@@ -371,7 +377,7 @@ def test_drop_ahead_forgets_the_batches_started_ahead():
 
 
 def test_close_cancels_what_was_started_ahead():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     hold = threading.Event()
 
     def slow(i):
@@ -387,7 +393,7 @@ def test_close_cancels_what_was_started_ahead():
 
 
 def test_a_forked_copys_gate_is_made_again():
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     fl.map(_load, [1, 2])
     old = fl._gate
     old._pid = -1  # (as a copy made by fork sees it)
@@ -398,7 +404,7 @@ def test_a_forked_copys_gate_is_made_again():
 
 # -- async ------------------------------------------------------------------------------------------------
 def test_an_async_batch_on_one_loop_bounded_by_the_width():
-    fl = InFlight(AsyncItem(), 3)
+    fl = InFlight(AsyncItem(), at(3))
     now = most = 0
 
     async def one(i):
@@ -425,7 +431,7 @@ def test_an_async_batch_on_one_loop_bounded_by_the_width():
 
 
 def test_an_async_serial_batch_is_one_at_a_time():
-    fl = InFlight(AsyncItem(), 8)
+    fl = InFlight(AsyncItem(), at(8))
     now = most = 0
 
     async def one(i):
@@ -448,7 +454,7 @@ def test_resolve():
         return 7
 
     assert resolve(v()) == 7
-    fl = InFlight(AsyncItem(), 2)
+    fl = InFlight(AsyncItem(), at(2))
     assert resolve(v(), fl) == 7
 
     async def bad():
@@ -468,7 +474,7 @@ def test_now_is_the_clock_and_the_cpu():
 
 
 def test_resolve_on_a_loop_owner_returns_falsy_values_and_raises_the_error():
-    fl = InFlight(AsyncItem(), 2)
+    fl = InFlight(AsyncItem(), at(2))
 
     async def zero():
         return 0
@@ -499,7 +505,7 @@ def _observed(fl):
 
 
 def test_a_batch_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock((1.0, 0.5), (11.0, 2.5)))
     fl.map(_load, [1, 2, 3])
@@ -508,7 +514,7 @@ def test_a_batch_is_timed_from_its_start(monkeypatch):
 
 
 def test_a_batch_started_ahead_is_timed_from_when_the_one_before_was_done(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock(
         (0.0, 0.0), (10.0, 1.0),  # the batch before: done at 10 s
@@ -522,7 +528,7 @@ def test_a_batch_started_ahead_is_timed_from_when_the_one_before_was_done(monkey
 
 
 def test_a_batch_started_ahead_later_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock(
         (0.0, 0.0), (10.0, 1.0), (12.0, 1.5), (20.0, 2.0), (30.0, 3.0)))
@@ -534,7 +540,7 @@ def test_a_batch_started_ahead_later_is_timed_from_its_start(monkeypatch):
 
 
 def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock((5.0, 0.5), (3.0, 0.1), (9.0, 1.0)))
     fl.start_ahead("a", _load, [1, 2])
@@ -544,7 +550,7 @@ def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
 
 
 def test_a_batch_started_ahead_asks_for_the_next_too():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     fl.start_ahead("a", _load, [1, 2, 3])
     asked = []
     fl.map(_load, [1, 2, 3], key="a", lookahead=lambda: asked.append(1) or False)

@@ -10,6 +10,7 @@ thread that loads with it.
 
 from __future__ import annotations
 
+from ..config.load import LoadSettings
 from ..wire.protocol import safe_str
 from . import inflight
 
@@ -36,10 +37,9 @@ class Fetcher:
     per-sample seeding seeds for it). An IterableDataset's samples have no index: ``stream_pos``
     counts the items drawn from the stream (from `stream_pos` on, after a restored state)."""
 
-    def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
-                 max_retries=3, on_sample=None, stream_pos: int = 0, threads=1,
-                 on_batch=None, carried=None):
-        """`threads`: ``threads_per_worker`` (an int or "auto"): a map-style batch's samples
+    def __init__(self, kind, dataset, auto_collation, drop_last, settings: LoadSettings,
+                 on_sample=None, stream_pos: int = 0, on_batch=None, carried=None):
+        """`settings`: the error policy and ``threads`` (an int or "auto"): a map-style batch's samples
         load at once (inflight.py), and an async dataset's coroutines are awaited; then
         `on_sample(index, position, None)` is called from the loading threads, and
         `on_batch(index, in_flight)` from this thread before them and as each is done (with
@@ -51,7 +51,7 @@ class Fetcher:
         self.inflight = None
         if kind == MAP:  # an earlier epoch's (its loop, its threads, what "auto" learnt) or new
             self.inflight = carried if carried is not None else inflight.InFlight(dataset,
-                                                                                  threads)
+                                                                                  settings)
         self.on_batch = on_batch
         self.serial = False  # the next batch loads one sample at a time (see InFlight.map)
         # samples of a batch are loading at once now: no one of them is "the" sample loading
@@ -59,8 +59,7 @@ class Fetcher:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.drop_last = drop_last
-        self.on_error = on_error
-        self.max_retries = max_retries
+        self.settings = settings
         self.on_sample = on_sample
         self.current = None
         self.skipped: list[tuple[object, str]] = []
@@ -95,11 +94,11 @@ class Fetcher:
                     raise failure from None
                 raise
             except Exception as e:
-                if self.on_error == "retry" and attempts < self.max_retries:
+                if self.settings.on_error == "retry" and attempts < self.settings.max_retries:
                     attempts += 1
                     failure = e
                     continue
-                if self.on_error == "skip":
+                if self.settings.on_error == "skip":
                     self.skipped.append((index, _reason(e)))
                     return False, None
                 raise
@@ -147,7 +146,7 @@ class Fetcher:
             self._begin(index)
             if fl.is_async:  # an async def __getitems__: each call awaited on the worker's loop
                 getitems = _awaited(getitems, fl)
-            if self.on_error == "raise":
+            if self.settings.on_error == "raise":
                 return getitems(index)
             try:
                 return getitems(index)
@@ -214,18 +213,18 @@ class Fetcher:
     def _after_failure(self, error, load, index):
         """What the policy makes of a sample whose first attempt raised `error`: (ok, sample);
         `load()` tries it again."""
-        if self.on_error == "retry" and self.max_retries > 0:
+        if self.settings.on_error == "retry" and self.settings.max_retries > 0:
             attempts, failure = 1, error
             while True:
                 try:
                     return True, load()
                 except Exception as e:
                     failure = e
-                    if attempts >= self.max_retries:
+                    if attempts >= self.settings.max_retries:
                         break
                     attempts += 1
             error = failure
-        if self.on_error == "skip":
+        if self.settings.on_error == "skip":
             self.skipped.append((index, _reason(error)))
             return False, None
         raise error

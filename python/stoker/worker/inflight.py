@@ -26,6 +26,7 @@ import time
 from concurrent.futures import as_completed
 
 from ..common.gate import Gate
+from ..config.load import LoadSettings, is_async
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 
 # "auto" widens while the worker's CPU time is below this share of its wall time
@@ -113,24 +114,6 @@ class Width:
         self._before, self.now, self._fresh = w, wider, True
 
 
-def is_async(dataset) -> bool:
-    """Whether the dataset's __getitem__ or __getitems__ is an ``async def``."""
-    for name in ("__getitem__", "__getitems__"):
-        f = getattr(type(dataset), name, None)
-        if f is not None and inspect.iscoroutinefunction(f):
-            return True
-    return False
-
-
-def threads_for(setting, dataset):
-    """What ``threads_per_worker`` means for `dataset`: as given, or when it was left unset
-    (None), 1 for a dataset that computes and "auto" for one whose __getitem__ or __getitems__
-    is an ``async def`` (it says its work waits: many of its coroutines run at once)."""
-    if setting is not None:
-        return setting
-    return "auto" if is_async(dataset) else 1
-
-
 class InFlight:
     """Loads items at once: ``map(load, items)`` returns ``[(ok, value, error)]`` in the items'
     order. `load(item)` returns the sample (or, for an async dataset, a coroutine for it) or
@@ -142,9 +125,10 @@ class InFlight:
     A batch started ahead is always taken up by its ``map``, whatever the width became (each
     sample is loaded once)."""
 
-    def __init__(self, dataset, setting, width: Width | None = None):
-        """`width`: one kept from an earlier epoch's InFlight (what "auto" learnt)."""
-        self.width = width if width is not None else Width(threads_for(setting, dataset))
+    def __init__(self, dataset, settings: LoadSettings, width: Width | None = None):
+        """`settings`: the worker's (its ``threads``, resolved: an int or "auto"); `width`: one
+        kept from an earlier epoch's InFlight (what "auto" learnt)."""
+        self.width = width if width is not None else Width(settings.threads)
         self.is_async = is_async(dataset)
         self._gate: Gate | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -28,6 +28,7 @@ from ..common import rng_state
 from ..common import torch_compat as _torch_compat
 from ..common.errors import SharedMemoryLimitError
 from ..config import seeding
+from ..config.load import LoadSettings
 from ..datasets import worker_info as _info
 from ..wire import protocol, stream_state
 from ..wire.protocol import (
@@ -67,8 +68,9 @@ class WorkerConfig:
     drop_last: bool
     base_seed: int
     init_fn: object = None  # worker_init_fn (a DataPipe's already wraps torch's sharding)
-    on_error: str = "raise"
-    max_retries: int = 3
+    # how samples load: the error policy, retries, threads_per_worker resolved (config/load.py;
+    # a task re-issued after a death with samples in flight loads one by one: its serial word)
+    load: LoadSettings = LoadSettings()
     shared_memory_share: int | None = None  # bytes this worker's batches may take (None: no cap)
     shared_seed: int | None = None  # an IterDataPipe's shuffle seed, the same in every worker
     seeder: seeding.SampleSeeder | None = None  # seed="per_sample"
@@ -82,9 +84,6 @@ class WorkerConfig:
     # The standard output and error of the rank a node pool's worker loads for (two
     # fdpass.ChannelFd): what its dataset prints shows on that rank, not on the pool's.
     stdio: tuple | None = None
-    # threads_per_worker: a batch's samples loaded at once (worker/inflight.py); "auto" tunes it
-    # (a task re-issued after a death comes with protocol.ONE_AT_A_TIME: loaded one by one)
-    threads_per_worker: int | str = 1  # (resolved: inflight.threads_for)
 
     @property
     def keeps_rng(self) -> bool:
@@ -184,9 +183,9 @@ class WorkerLoop:
             carried = self.fetcher.inflight
             if carried is not None:
                 carried.drop_ahead()  # (none is left: a new epoch's message stops looking ahead)
-        f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
-                    c.max_retries, self._on_sample, stream_state.position_of(mine),
-                    threads=c.threads_per_worker, on_batch=self._on_batch, carried=carried)
+        f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.load,
+                    self._on_sample, stream_state.position_of(mine),
+                    on_batch=self._on_batch, carried=carried)
         if c.kind == ITERABLE:
             stream_state.restore_iterator(self.dataset, f.iterator, mine)
             self.restored_ended = stream_state.ended(mine)
@@ -306,7 +305,7 @@ class WorkerLoop:
             self._send(task, data, index if kind == MAP else None)
         except Exception as e:
             self.fetcher.current = index if kind == MAP else None
-            if self.config.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
+            if self.config.load.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
                 reason = f"collate failed: {type(e).__name__}: {protocol.safe_str(e)}"
                 self.fetcher.skipped = [(i, reason)
                                         for i in (index if isinstance(index, list) else [index])]
