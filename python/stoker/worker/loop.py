@@ -225,30 +225,31 @@ class WorkerLoop:
         if msg is None or msg[0] != MSG_TASK:
             self._started_ahead = False
             return False
-        index, one_at_a_time = protocol.decode_task(msg[2], msg[3])
-        if one_at_a_time or self.fetcher is None or not self.fetcher.loads_at_once(index):
+        t = protocol.decode_task(msg[2], msg[3], msg[4])
+        if t.serial or self.fetcher is None or not self.fetcher.loads_at_once(t.index):
             self._started_ahead = False
             return False
-        self.fetcher.start_ahead(msg[1], index)
+        self.fetcher.start_ahead(msg[1], t.index)
         self._started_ahead = True
         return True
 
-    def handle(self, mtype: int, task: int, fmt: int, payload: bytes) -> bool:
-        """One message from the main process; False for STOP. (A placement that delivers
-        messages itself, an actor's method call, calls this directly.)"""
+    def handle(self, mtype: int, task: int, a: int, b: int, payload: bytes) -> bool:
+        """One message from the main process (its words: channel.h), False for STOP. (A
+        placement that delivers messages itself, an actor's method call, calls this
+        directly.)"""
         if mtype == MSG_STOP:
             return False
         if mtype == MSG_RESUME:
             self._begin_epoch(task, payload)
         elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
-            self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
+            self.endpoint.set_shared_memory_limit(a, SHARED_MEMORY_PATIENCE_S)
         elif mtype == MSG_TASK and not self.ended:
             self.task = task
             self._thread = threading.get_ident()  # (an actor may serve on another thread)
-            index, one_at_a_time = protocol.decode_task(fmt, payload)
+            t = protocol.decode_task(a, b, payload)
             if self.fetcher is not None:
-                self.fetcher.serial = one_at_a_time
-            self._run_task(task, index)
+                self.fetcher.serial = t.serial
+            self._run_task(task, t.index)
         return True
 
     def _begin_epoch(self, epoch: int, payload: bytes) -> None:

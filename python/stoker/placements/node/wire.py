@@ -168,7 +168,7 @@ def close_all(fds) -> None:
 # -- the messages -------------------------------------------------------------------------------
 # Bumped whenever a message below changes: a pool and a rank of different stoker versions do not
 # talk (the rank is refused at its hello, with both versions named).
-VERSION = 2
+VERSION = 3  # 3: a Task carries `serial` (it was a bit of `fmt`)
 
 
 # A rank to the pool. `w` is the rank's virtual worker, `gen` its incarnation (what the pool sends
@@ -191,7 +191,8 @@ class Hello(NamedTuple):
 
 class Task(NamedTuple):
     """Load task `task` (the rank's number) for virtual worker `w`: its index list as
-    ``protocol.encode_task`` made it, seeded from (`base_seed`, `epoch`)."""
+    ``protocol.encode_index`` made it, seeded from (`base_seed`, `epoch`); `serial`: its
+    samples load one at a time (``protocol.Task.serial``)."""
 
     w: int
     gen: int
@@ -200,6 +201,7 @@ class Task(NamedTuple):
     payload: bytes
     base_seed: int
     epoch: int
+    serial: bool = False
 
 
 class Release(NamedTuple):
