@@ -13,7 +13,7 @@ import pytest
 
 from stoker.common.gate import Gate
 from stoker.config.load import LoadSettings, threads_for
-from stoker.worker.fetch import MAP, AllSkipped, Fetcher
+from stoker.worker.fetch import AllSkipped, MapFetcher
 from stoker.worker.inflight import InFlight
 
 WAIT_S = 10  # a barrier or an event that waits this long has failed (no test waits for it)
@@ -183,14 +183,12 @@ def _two_batches(fl, load, narrow_to=None):
     """Batch 0 loads with the next (1) started ahead when its first sample is done; the width
     becomes `narrow_to` in between (as "auto" settling). Returns both outcomes."""
     started = []
-
-    def lookahead():
-        if not started:
+    batch = fl.start(load, list(range(8)), key=0, progress=lambda n: None)
+    for free in batch:  # (as the worker loop reads ahead)
+        if free > 0 and not started:
             started.append(True)
             fl.start_ahead(1, load, list(range(8, 16)))
-        return True
-
-    first = fl.map(load, list(range(8)), key=0, lookahead=lookahead, progress=lambda n: None)
+    first = batch.outcomes()
     assert started
     if narrow_to is not None:
         fl.width.now = narrow_to
@@ -225,17 +223,13 @@ def test_narrowing_bounds_what_starts_after():
     fl = InFlight(Plain(), at(8))
     ahead = threading.Event()
     load = Counting(hold=ahead, held=set(range(1, 8)))  # 7 in flight when the next starts
-    started = []
-
-    def lookahead():
-        if not started:
-            started.append(True)
+    batch = fl.start(load, list(range(8)), key=0, progress=lambda n: None)
+    for free in batch:
+        if free > 0 and not ahead.is_set():
             fl.width.now = 2
             fl.start_ahead(1, load, list(range(8, 16)))
             ahead.set()
-        return True
-
-    fl.map(load, list(range(8)), key=0, lookahead=lookahead, progress=lambda n: None)
+    batch.outcomes()
     fl.map(load, list(range(8, 16)), key=1)
     assert max(load.at_start[i] for i in range(8, 16)) <= 2, load.at_start
     assert set(load.calls.values()) == {1} and len(load.calls) == 16
@@ -322,7 +316,7 @@ def test_an_async_dataset_unset_awaits_many_at_once():
     fl.close()
 
 
-# -- the policies over it (fetch.Fetcher, as a worker uses it) ---------------------------------------
+# -- the policies over it (fetch.MapFetcher, as a worker uses it) ------------------------------------
 class Flaky:
     """Index 3 raises its first `fails` times; every call counted."""
 
@@ -344,23 +338,23 @@ class Flaky:
 
 def test_skip_drops_the_sample_and_records_it():
     ds = Flaky(fails=99)
-    f = Fetcher(MAP, ds, True, False, LoadSettings("skip", 3, 4))
+    f = MapFetcher(ds, True, LoadSettings("skip", 3, 4))
     assert f.fetch(list(range(8)), task=0) == [0, 1, 2, 4, 5, 6, 7]
     assert f.skipped == [(3, "OSError: index 3 unreadable")]
     assert set(ds.calls.values()) == {1}
     with pytest.raises(AllSkipped):
-        Fetcher(MAP, Flaky(fails=99), True, False, LoadSettings("skip", 3, 4)).fetch([3, 3])
+        MapFetcher(Flaky(fails=99), True, LoadSettings("skip", 3, 4)).fetch([3, 3])
     f.close()
 
 
 def test_retry_loads_the_failing_sample_again_alone():
     ds = Flaky(fails=2)
-    f = Fetcher(MAP, ds, True, False, LoadSettings("retry", 3, 4))
+    f = MapFetcher(ds, True, LoadSettings("retry", 3, 4))
     assert f.fetch(list(range(8)), task=0) == list(range(8))
     assert ds.calls[3] == 3 and all(ds.calls[i] == 1 for i in range(8) if i != 3)
     f.close()
     ds = Flaky(fails=9)
-    f = Fetcher(MAP, ds, True, False, LoadSettings("retry", 2, 4))
+    f = MapFetcher(ds, True, LoadSettings("retry", 2, 4))
     with pytest.raises(OSError, match="index 3"):
         f.fetch(list(range(8)), task=0)
     assert ds.calls[3] == 3
@@ -369,7 +363,7 @@ def test_retry_loads_the_failing_sample_again_alone():
 
 def test_raise_raises_the_first_failure_in_sampler_order():
     ds = Flaky(fails=1)
-    f = Fetcher(MAP, ds, True, False, LoadSettings("raise", 3, 4))
+    f = MapFetcher(ds, True, LoadSettings("raise", 3, 4))
     with pytest.raises(OSError, match="index 3"):
         f.fetch(list(range(8)), task=0)
     f.close()

@@ -328,33 +328,42 @@ def test_a_batch_started_ahead_is_taken_up():
     fl.close()
 
 
-def test_lookahead_is_called_until_it_says_no_more():
+def test_a_batch_yields_once_as_each_item_is_done():
     fl = InFlight(Plain(), at(4))
-    asked = []
-
-    def lookahead():
-        asked.append(1)
-        return len(asked) < 2
-
-    fl.map(_load, list(range(8)), lookahead=lookahead)
-    assert len(asked) == 2
+    batch = fl.start(_load, list(range(8)))
+    assert len(list(batch)) == 8 and list(batch) == []  # (once: done is done)
+    assert batch.outcomes() == [(True, i * 2, None) for i in range(8)]
+    assert batch.outcomes() is batch.outcomes()  # (the outcomes, once)
     fl.close()
 
 
-def test_lookahead_is_called_once_fewer_than_the_width_are_left():
+def test_a_batch_yields_the_places_it_leaves_free():
+    """The width less its items still loading: above 0 once fewer than the width are left
+    (when the worker loop may start the next task's samples)."""
     fl = InFlight(Plain(), at(4))
-    left_when_asked = []
     done = [0]
 
     def progress(_):
         done[0] += 1
 
-    def lookahead():
-        left_when_asked.append(8 - (done[0] - 1))
-        return True
+    batch = fl.start(_load, list(range(8)), progress=progress)
+    free = []
+    for f in batch:
+        free.append((f, done[0] - 1))
+    assert free == [(-3, 1), (-2, 2), (-1, 3), (0, 4), (1, 5), (2, 6), (3, 7), (4, 8)]
+    fl.close()
 
-    fl.map(_load, list(range(8)), progress=progress, lookahead=lookahead)
-    assert left_when_asked == [3, 2, 1, 0]
+
+def test_one_at_a_time_or_async_a_batch_yields_nothing_and_loads_in_outcomes():
+    fl = InFlight(Plain(), at(4))
+    calls = []
+    batch = fl.start(lambda i: calls.append(i) or i, [1, 2, 3], serial=True)
+    assert calls == [] and list(batch) == [] and calls == []
+    assert [v for _, v, _ in batch.outcomes()] == [1, 2, 3] and calls == [1, 2, 3]
+    fl.close()
+    fl = InFlight(AsyncItem(), at(3))
+    batch = fl.start(lambda i: i, [1, 2])
+    assert list(batch) == [] and [v for _, v, _ in batch.outcomes()] == [1, 2]
     fl.close()
 
 
@@ -549,12 +558,12 @@ def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
     fl.close()
 
 
-def test_a_batch_started_ahead_asks_for_the_next_too():
+def test_a_batch_started_ahead_yields_as_its_items_are_done_too():
     fl = InFlight(Plain(), at(4))
     fl.start_ahead("a", _load, [1, 2, 3])
-    asked = []
-    fl.map(_load, [1, 2, 3], key="a", lookahead=lambda: asked.append(1) or False)
-    assert asked == [1]
+    batch = fl.start(_load, [1, 2, 3], key="a")
+    assert list(batch) == [2, 3, 4]
+    assert batch.outcomes() == [(True, 2, None), (True, 4, None), (True, 6, None)]
     fl.close()
 
 

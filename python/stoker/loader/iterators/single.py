@@ -13,7 +13,7 @@ from ...config import seeding
 from ...config.load import LoadSettings, is_async
 from ...config.records import SkippedSample, records_of
 from ...wire import stream_state
-from ...worker.fetch import ITERABLE, MAP, AllSkipped, Fetcher
+from ...worker.fetch import ITERABLE, MAP, AllSkipped, fetcher_for
 from ..gpu.last_mile import last_mile
 from ..resume.cursor import Cursor
 from .handout import Handout
@@ -25,8 +25,8 @@ class PolicyFetcher:
 
     def __init__(self, loader, settings: LoadSettings, records, seeder=None):
         kind = ITERABLE if isinstance(loader.dataset, IterableDataset) else MAP
-        self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
-                               settings, seeder)
+        self.fetcher = fetcher_for(kind, loader.dataset, loader._auto_collation,
+                                   loader.drop_last, settings, seeder)
         self.collate_fn = loader.collate_fn
         self.records = records
         self.seeding = seeder is not None
