@@ -20,7 +20,9 @@ namespace stoker {
 
 enum class MessageType : uint32_t {
   // main -> worker
-  kTask = 1,    // task: load these indices (payload: int64[]) or the next batch (iterable)
+  kTask = 1,    // task: load these indices (payload: int64[] or pickled, a = its format, Python's
+                //   wire/protocol.py) or the next batch (iterable); b = 1: serial, its samples
+                //   load one at a time whatever threads_per_worker says
   kResume = 2,  // a new epoch begins (persistent workers); reply kResumed
   kStop = 3,    // exit cleanly
   kLimit = 4,   // a = the most this worker's slots may take together, in bytes (0: no cap)

@@ -23,7 +23,6 @@ def test_the_constants_are_the_engines():
                  "STATE_ENCODING", "STATE_STARTING", "MODE_COLLATE", "MODE_CONVERT",
                  "MODE_AS_IS"):
         assert getattr(p, name) == getattr(_stoker, name), name
-    assert p.ONE_AT_A_TIME == 256
 
 
 def test_a_list_of_plain_ints_travels_as_int64():
@@ -70,17 +69,12 @@ def test_int64_bounds_travel_as_int64():
         assert fmt == 0 and p.decode_index(fmt, payload) == [edge]
 
 
-def test_a_task_word_carries_the_one_at_a_time_bit():
-    assert p.encode_task([1, 2]) == (0, array("q", [1, 2]).tobytes())
-    assert p.encode_task([1, 2], one_at_a_time=True) == (256, array("q", [1, 2]).tobytes())
-    word, payload = p.encode_task((1, 2), one_at_a_time=True)
-    assert word == 257
-    assert p.decode_task(word, payload) == ((1, 2), True)
-    assert p.decode_task(*p.encode_task([5])) == ([5], False)
-    assert p.decode_task(*p.encode_task("k")) == ("k", False)
-    w, pl = p.encode_task([4], one_at_a_time=True)
-    assert p.decode_task(w, pl) == ([4], True)
-    assert p.decode_task(1 | 1024, pickle.dumps("x")) == ("x", False)  # (other bits: pickled)
+def test_a_task_decodes_to_its_index_and_serial_word():
+    fmt, payload = p.encode_index((1, 2))
+    assert p.decode_task(fmt, 1, payload) == ((1, 2), True)
+    assert p.decode_task(0, 0, array("q", [4]).tobytes()) == ([4], False)
+    with pytest.raises(ValueError):
+        p.decode_task(1 | 1024, 0, pickle.dumps("x"))  # (no other bits: tests/worker/)
 
 
 def test_a_resume_round_trips():

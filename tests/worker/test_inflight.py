@@ -12,12 +12,18 @@ import threading
 import pytest
 
 from stoker.common.gate import Gate
-from stoker.worker.fetch import MAP, AllSkipped, Fetcher
-from stoker.worker.inflight import InFlight, threads_for
+from stoker.config.load import LoadSettings, threads_for
+from stoker.worker.fetch import AllSkipped, MapFetcher
+from stoker.worker.inflight import InFlight
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 WAIT_S = 10  # a barrier or an event that waits this long has failed (no test waits for it)
+
+
+def at(threads, dataset=None) -> LoadSettings:
+    """Settings loading `threads` at once (None: resolved for `dataset`, as the iterator does)."""
+    return LoadSettings(threads=threads_for(threads, dataset))
 
 
 class Counting:
@@ -135,7 +141,7 @@ def test_gate_close_cancels_what_waits_and_a_raise_is_the_futures():
 
 # -- InFlight --------------------------------------------------------------------------------------
 def test_a_batch_loads_at_once_in_order_each_item_once():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     load = Counting(barrier=threading.Barrier(4))
     shown = []
     out = fl.map(load, list(range(16)), progress=shown.append)
@@ -146,7 +152,7 @@ def test_a_batch_loads_at_once_in_order_each_item_once():
 
 
 def test_one_thread_loads_on_the_callers_thread():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     seen = []
     out = fl.map(lambda i: seen.append(threading.get_ident()) or i, [1, 2, 3])
     assert values(out) == [1, 2, 3] and set(seen) == {threading.get_ident()}
@@ -155,7 +161,7 @@ def test_one_thread_loads_on_the_callers_thread():
 
 
 def test_a_raise_is_its_items_outcome_and_the_others_load():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     load = Counting(fail={2: 1})
     out = fl.map(load, list(range(6)))
     assert [ok for ok, _, _ in out] == [True, True, False, True, True, True]
@@ -164,7 +170,7 @@ def test_a_raise_is_its_items_outcome_and_the_others_load():
 
 
 def test_widening_lets_more_load_at_once():
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     narrow = Counting()
     fl.map(narrow, list(range(8)))
     assert narrow.most <= 2
@@ -179,14 +185,12 @@ def _two_batches(fl, load, narrow_to=None):
     """Batch 0 loads with the next (1) started ahead when its first sample is done; the width
     becomes `narrow_to` in between (as "auto" settling). Returns both outcomes."""
     started = []
-
-    def lookahead():
-        if not started:
+    batch = fl.start(load, list(range(8)), key=0, progress=lambda n: None)
+    for free in batch:  # (as the worker loop reads ahead)
+        if free > 0 and not started:
             started.append(True)
             fl.start_ahead(1, load, list(range(8, 16)))
-        return True
-
-    first = fl.map(load, list(range(8)), key=0, lookahead=lookahead, progress=lambda n: None)
+    first = batch.outcomes()
     assert started
     if narrow_to is not None:
         fl.width.now = narrow_to
@@ -195,7 +199,7 @@ def _two_batches(fl, load, narrow_to=None):
 
 
 def test_a_batch_started_ahead_is_taken_up_and_bounded_by_the_width():
-    fl = InFlight(Plain(), 12)
+    fl = InFlight(Plain(), at(12))
     load = Counting()
     first, second = _two_batches(fl, load)
     assert values(first + second) == [i * 10 for i in range(16)]
@@ -207,7 +211,7 @@ def test_a_batch_started_ahead_is_taken_up_and_bounded_by_the_width():
 def test_narrowed_to_one_with_a_batch_ahead_loads_it_once():
     """The bug of the pool-per-width InFlight: settled at one thread with the next batch already
     started, that batch was loaded a second time on the main thread."""
-    fl = InFlight(Plain(), 8)
+    fl = InFlight(Plain(), at(8))
     load = Counting()
     first, second = _two_batches(fl, load, narrow_to=1)
     assert values(second) == [i * 10 for i in range(8, 16)]
@@ -218,20 +222,16 @@ def test_narrowed_to_one_with_a_batch_ahead_loads_it_once():
 def test_narrowing_bounds_what_starts_after():
     """Narrowed from 8 to 2 while a batch loads: the next batch's samples (started ahead) start
     only while fewer than 2 load, whatever was in flight before."""
-    fl = InFlight(Plain(), 8)
+    fl = InFlight(Plain(), at(8))
     ahead = threading.Event()
     load = Counting(hold=ahead, held=set(range(1, 8)))  # 7 in flight when the next starts
-    started = []
-
-    def lookahead():
-        if not started:
-            started.append(True)
+    batch = fl.start(load, list(range(8)), key=0, progress=lambda n: None)
+    for free in batch:
+        if free > 0 and not ahead.is_set():
             fl.width.now = 2
             fl.start_ahead(1, load, list(range(8, 16)))
             ahead.set()
-        return True
-
-    fl.map(load, list(range(8)), key=0, lookahead=lookahead, progress=lambda n: None)
+    batch.outcomes()
     fl.map(load, list(range(8, 16)), key=1)
     assert max(load.at_start[i] for i in range(8, 16)) <= 2, load.at_start
     assert set(load.calls.values()) == {1} and len(load.calls) == 16
@@ -239,7 +239,7 @@ def test_narrowing_bounds_what_starts_after():
 
 
 def test_drop_ahead_cancels_what_has_not_started():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     fl.width.now = 2
     hold = threading.Event()
     load = Counting(hold=hold)
@@ -262,7 +262,7 @@ def _forked_copy_of(fl: InFlight) -> None:
 
 
 def test_a_forked_copy_forgets_what_was_started_ahead_without_waiting():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     fl.width.now = 2
     hold = threading.Event()
     load = Counting(hold=hold, held=set(range(4)))
@@ -290,13 +290,14 @@ def test_unset_threads_mean_one_for_a_plain_dataset_and_auto_for_an_async_one():
     assert threads_for(None, Plain()) == 1
     assert threads_for(None, Async()) == "auto"
     assert threads_for(1, Async()) == 1 and threads_for(7, Plain()) == 7
-    assert InFlight(Async(), None).width.auto
-    assert not InFlight(Plain(), None).width.auto and InFlight(Plain(), None).width.now == 1
-    assert InFlight(Async(), 1).width.now == 1 and not InFlight(Async(), 1).width.auto
+    assert InFlight(Async(), at(None, Async())).width.auto
+    plain = InFlight(Plain(), at(None, Plain()))
+    assert not plain.width.auto and plain.width.now == 1
+    assert InFlight(Async(), at(1)).width.now == 1 and not InFlight(Async(), at(1)).width.auto
 
 
 def test_an_async_dataset_unset_awaits_many_at_once():
-    fl = InFlight(Async(), None)
+    fl = InFlight(Async(), at(None, Async()))
     now = most = 0
     both = None
 
@@ -317,7 +318,7 @@ def test_an_async_dataset_unset_awaits_many_at_once():
     fl.close()
 
 
-# -- the policies over it (fetch.Fetcher, as a worker uses it) ---------------------------------------
+# -- the policies over it (fetch.MapFetcher, as a worker uses it) ------------------------------------
 class Flaky:
     """Index 3 raises its first `fails` times; every call counted."""
 
@@ -339,23 +340,23 @@ class Flaky:
 
 def test_skip_drops_the_sample_and_records_it():
     ds = Flaky(fails=99)
-    f = Fetcher(MAP, ds, True, False, on_error="skip", threads=4)
+    f = MapFetcher(ds, True, LoadSettings("skip", 3, 4))
     assert f.fetch(list(range(8)), task=0) == [0, 1, 2, 4, 5, 6, 7]
     assert f.skipped == [(3, "OSError: index 3 unreadable")]
     assert set(ds.calls.values()) == {1}
     with pytest.raises(AllSkipped):
-        Fetcher(MAP, Flaky(fails=99), True, False, on_error="skip", threads=4).fetch([3, 3])
+        MapFetcher(Flaky(fails=99), True, LoadSettings("skip", 3, 4)).fetch([3, 3])
     f.close()
 
 
 def test_retry_loads_the_failing_sample_again_alone():
     ds = Flaky(fails=2)
-    f = Fetcher(MAP, ds, True, False, on_error="retry", max_retries=3, threads=4)
+    f = MapFetcher(ds, True, LoadSettings("retry", 3, 4))
     assert f.fetch(list(range(8)), task=0) == list(range(8))
     assert ds.calls[3] == 3 and all(ds.calls[i] == 1 for i in range(8) if i != 3)
     f.close()
     ds = Flaky(fails=9)
-    f = Fetcher(MAP, ds, True, False, on_error="retry", max_retries=2, threads=4)
+    f = MapFetcher(ds, True, LoadSettings("retry", 2, 4))
     with pytest.raises(OSError, match="index 3"):
         f.fetch(list(range(8)), task=0)
     assert ds.calls[3] == 3
@@ -364,7 +365,7 @@ def test_retry_loads_the_failing_sample_again_alone():
 
 def test_raise_raises_the_first_failure_in_sampler_order():
     ds = Flaky(fails=1)
-    f = Fetcher(MAP, ds, True, False, on_error="raise", threads=4)
+    f = MapFetcher(ds, True, LoadSettings("raise", 3, 4))
     with pytest.raises(OSError, match="index 3"):
         f.fetch(list(range(8)), task=0)
     f.close()
@@ -393,7 +394,7 @@ def test_a_gate_no_one_holds_ends_its_threads():
 def test_a_retry_on_the_callers_thread_counts_against_the_width():
     """A sample retried one at a time on the worker's main thread (its status page names it)
     while the next batch, started ahead, loads on the gate: never more than the width at once."""
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     hold = threading.Event()
     load = Counting(hold=hold, held={10, 11})
     fl.start_ahead(1, load, [10, 11])  # two places taken

@@ -9,8 +9,14 @@ import threading
 
 import pytest
 
+from stoker.config.load import LoadSettings, is_async, threads_for
 from stoker.worker import inflight
-from stoker.worker.inflight import InFlight, Width, is_async, resolve, threads_for
+from stoker.worker.inflight import InFlight, Width, resolve
+
+
+def at(threads, dataset=None) -> LoadSettings:
+    """Settings loading `threads` at once (None: resolved for `dataset`, as the iterator does)."""
+    return LoadSettings(threads=threads_for(threads, dataset))
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
@@ -221,12 +227,12 @@ def test_async_datasets():
 
 
 def test_concurrent():
-    assert not InFlight(Plain(), 1).concurrent
-    assert InFlight(Plain(), 2).concurrent
-    assert InFlight(Plain(), "auto").concurrent
-    assert InFlight(AsyncItem(), 1).concurrent
+    assert not InFlight(Plain(), at(1)).concurrent
+    assert InFlight(Plain(), at(2)).concurrent
+    assert InFlight(Plain(), at("auto")).concurrent
+    assert InFlight(AsyncItem(), at(1)).concurrent
     w = Width(5)
-    assert InFlight(Plain(), 1, width=w).width is w
+    assert InFlight(Plain(), at(1), width=w).width is w
 
 
 # -- loading --------------------------------------------------------------------------------------------
@@ -237,7 +243,7 @@ def _load(item):
 
 
 def test_one_at_a_time_on_this_thread():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     threads, shown = [], []
 
     def load(i):
@@ -254,7 +260,7 @@ def test_one_at_a_time_on_this_thread():
 
 
 def test_threads_load_in_order_and_report_progress():
-    fl = InFlight(Plain(), 3)
+    fl = InFlight(Plain(), at(3))
     shown = []
     out = fl.map(_load, list(range(7)), progress=shown.append)
     assert out == [(True, i * 2, None) for i in range(7)]
@@ -268,7 +274,7 @@ def test_threads_load_in_order_and_report_progress():
 
 
 def test_a_serial_batch_loads_one_at_a_time_whatever_the_width():
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     threads = []
 
     def load(i):
@@ -284,7 +290,7 @@ def test_a_serial_batch_loads_one_at_a_time_whatever_the_width():
 
 
 def test_a_batch_of_one_loads_on_this_thread():
-    fl = InFlight(Plain(), 4)
+    fl = InFlight(Plain(), at(4))
     seen = []
     fl.map(lambda i: seen.append(threading.get_ident()) or i, [5])
     assert seen == [threading.get_ident()] and fl._gate is None
@@ -292,7 +298,7 @@ def test_a_batch_of_one_loads_on_this_thread():
 
 
 def test_the_width_is_observed_and_the_gate_resized():
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = []
     fl.width.observe = lambda n, wall, cpu: seen.append((n, wall >= 0, cpu >= 0))
     fl.map(_load, list(range(10)))
@@ -304,7 +310,7 @@ def test_the_width_is_observed_and_the_gate_resized():
 
 
 def test_a_batch_started_ahead_is_taken_up():
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     fl.map(_load, [0, 1])  # (a gate)
     calls = []
 
@@ -324,38 +330,47 @@ def test_a_batch_started_ahead_is_taken_up():
     fl.close()
 
 
-def test_lookahead_is_called_until_it_says_no_more():
-    fl = InFlight(Plain(), 4)
-    asked = []
-
-    def lookahead():
-        asked.append(1)
-        return len(asked) < 2
-
-    fl.map(_load, list(range(8)), lookahead=lookahead)
-    assert len(asked) == 2
+def test_a_batch_yields_once_as_each_item_is_done():
+    fl = InFlight(Plain(), at(4))
+    batch = fl.start(_load, list(range(8)))
+    assert len(list(batch)) == 8 and list(batch) == []  # (once: done is done)
+    assert batch.outcomes() == [(True, i * 2, None) for i in range(8)]
+    assert batch.outcomes() is batch.outcomes()  # (the outcomes, once)
     fl.close()
 
 
-def test_lookahead_is_called_once_fewer_than_the_width_are_left():
-    fl = InFlight(Plain(), 4)
-    left_when_asked = []
+def test_a_batch_yields_the_places_it_leaves_free():
+    """The width less its items still loading: above 0 once fewer than the width are left
+    (when the worker loop may start the next task's samples)."""
+    fl = InFlight(Plain(), at(4))
     done = [0]
 
     def progress(_):
         done[0] += 1
 
-    def lookahead():
-        left_when_asked.append(8 - (done[0] - 1))
-        return True
+    batch = fl.start(_load, list(range(8)), progress=progress)
+    free = []
+    for f in batch:
+        free.append((f, done[0] - 1))
+    assert free == [(-3, 1), (-2, 2), (-1, 3), (0, 4), (1, 5), (2, 6), (3, 7), (4, 8)]
+    fl.close()
 
-    fl.map(_load, list(range(8)), progress=progress, lookahead=lookahead)
-    assert left_when_asked == [3, 2, 1, 0]
+
+def test_one_at_a_time_or_async_a_batch_yields_nothing_and_loads_in_outcomes():
+    fl = InFlight(Plain(), at(4))
+    calls = []
+    batch = fl.start(lambda i: calls.append(i) or i, [1, 2, 3], serial=True)
+    assert calls == [] and list(batch) == [] and calls == []
+    assert [v for _, v, _ in batch.outcomes()] == [1, 2, 3] and calls == [1, 2, 3]
+    fl.close()
+    fl = InFlight(AsyncItem(), at(3))
+    batch = fl.start(lambda i: i, [1, 2])
+    assert list(batch) == [] and [v for _, v, _ in batch.outcomes()] == [1, 2]
     fl.close()
 
 
 def test_drop_ahead_forgets_the_batches_started_ahead():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     hold = threading.Event()
     started = threading.Event()
 
@@ -373,7 +388,7 @@ def test_drop_ahead_forgets_the_batches_started_ahead():
 
 
 def test_close_cancels_what_was_started_ahead():
-    fl = InFlight(Plain(), 1)
+    fl = InFlight(Plain(), at(1))
     hold = threading.Event()
 
     def slow(i):
@@ -389,7 +404,7 @@ def test_close_cancels_what_was_started_ahead():
 
 
 def test_a_forked_copys_gate_is_made_again():
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     fl.map(_load, [1, 2])
     old = fl._gate
     old._pid = -1  # (as a copy made by fork sees it)
@@ -400,7 +415,7 @@ def test_a_forked_copys_gate_is_made_again():
 
 # -- async ------------------------------------------------------------------------------------------------
 def test_an_async_batch_on_one_loop_bounded_by_the_width():
-    fl = InFlight(AsyncItem(), 3)
+    fl = InFlight(AsyncItem(), at(3))
     now = most = 0
 
     async def one(i):
@@ -427,7 +442,7 @@ def test_an_async_batch_on_one_loop_bounded_by_the_width():
 
 
 def test_an_async_serial_batch_is_one_at_a_time():
-    fl = InFlight(AsyncItem(), 8)
+    fl = InFlight(AsyncItem(), at(8))
     now = most = 0
 
     async def one(i):
@@ -450,7 +465,7 @@ def test_resolve():
         return 7
 
     assert resolve(v()) == 7
-    fl = InFlight(AsyncItem(), 2)
+    fl = InFlight(AsyncItem(), at(2))
     assert resolve(v(), fl) == 7
 
     async def bad():
@@ -470,7 +485,7 @@ def test_now_is_the_clock_and_the_cpu():
 
 
 def test_resolve_on_a_loop_owner_returns_falsy_values_and_raises_the_error():
-    fl = InFlight(AsyncItem(), 2)
+    fl = InFlight(AsyncItem(), at(2))
 
     async def zero():
         return 0
@@ -501,7 +516,7 @@ def _observed(fl):
 
 
 def test_a_batch_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock((1.0, 0.5), (11.0, 2.5)))
     fl.map(_load, [1, 2, 3])
@@ -510,7 +525,7 @@ def test_a_batch_is_timed_from_its_start(monkeypatch):
 
 
 def test_a_batch_started_ahead_is_timed_from_when_the_one_before_was_done(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock(
         (0.0, 0.0), (10.0, 1.0),  # the batch before: done at 10 s
@@ -524,7 +539,7 @@ def test_a_batch_started_ahead_is_timed_from_when_the_one_before_was_done(monkey
 
 
 def test_a_batch_started_ahead_later_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), "auto")
+    fl = InFlight(Plain(), at("auto"))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock(
         (0.0, 0.0), (10.0, 1.0), (12.0, 1.5), (20.0, 2.0), (30.0, 3.0)))
@@ -536,7 +551,7 @@ def test_a_batch_started_ahead_later_is_timed_from_its_start(monkeypatch):
 
 
 def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
-    fl = InFlight(Plain(), 2)
+    fl = InFlight(Plain(), at(2))
     seen = _observed(fl)
     monkeypatch.setattr(inflight, "_now", _Clock((5.0, 0.5), (3.0, 0.1), (9.0, 1.0)))
     fl.start_ahead("a", _load, [1, 2])
@@ -545,12 +560,12 @@ def test_the_first_batch_started_ahead_is_timed_from_its_start(monkeypatch):
     fl.close()
 
 
-def test_a_batch_started_ahead_asks_for_the_next_too():
-    fl = InFlight(Plain(), 4)
+def test_a_batch_started_ahead_yields_as_its_items_are_done_too():
+    fl = InFlight(Plain(), at(4))
     fl.start_ahead("a", _load, [1, 2, 3])
-    asked = []
-    fl.map(_load, [1, 2, 3], key="a", lookahead=lambda: asked.append(1) or False)
-    assert asked == [1]
+    batch = fl.start(_load, [1, 2, 3], key="a")
+    assert list(batch) == [2, 3, 4]
+    assert batch.outcomes() == [(True, 2, None), (True, 4, None), (True, 6, None)]
     fl.close()
 
 

@@ -29,11 +29,12 @@ class PySupervisor {
   bool HasWorker(int id) const { return sup_->HasWorker(id); }
   void KeepSlotFds() { sup_->KeepSlotFds(); }
 
-  void Send(int id, uint32_t type, uint64_t task, uint64_t a, nb::bytes payload) {
+  void Send(int id, uint32_t type, uint64_t task, uint64_t a, nb::bytes payload, uint64_t b) {
     MessageHeader h;
     h.type = type;
     h.task = task;
     h.a = a;
+    h.b = b;
     Check(sup_->Send(id, h, payload.c_str(), payload.size()));
   }
 
@@ -152,7 +153,7 @@ void register_supervisor(nb::module_& m) {
       .def("keep_slot_fds", &PySupervisor::KeepSlotFds,
            "Keeps each slot's memfd open from now on (PendingBatch.fd), to pass it on.")
       .def("send", &PySupervisor::Send, nb::arg("worker"), nb::arg("type"), nb::arg("task"),
-           nb::arg("a") = 0, nb::arg("payload") = nb::bytes(""))
+           nb::arg("a") = 0, nb::arg("payload") = nb::bytes(""), nb::arg("b") = 0)
       .def("wait", &PySupervisor::Wait, nb::arg("timeout").none() = nb::none())
       .def("status", &PySupervisor::StatusOf, nb::arg("worker"))
       .def("read_log", &PySupervisor::ReadLog, nb::arg("worker"), nb::arg("kind"),

@@ -28,7 +28,7 @@ class WorkerEndpoint {
 
   void ArmGuard(int parent_pid) { Check(ArmWorkerGuard(sock_, parent_pid)); }
 
-  // (type, task, a, payload) or None when the main process closed the channel.
+  // (type, task, a, b, payload) or None when the main process closed the channel.
   nb::object Receive() {
     Message m;
     Status st;
@@ -39,7 +39,7 @@ class WorkerEndpoint {
     if (st.code() == Code::kClosed) return nb::none();
     Check(st);
     if (m.fd >= 0) close(m.fd);
-    return nb::make_tuple(m.header.type, m.header.task, m.header.a,
+    return nb::make_tuple(m.header.type, m.header.task, m.header.a, m.header.b,
                           nb::bytes(m.payload.data(), m.payload.size()));
   }
 

@@ -110,7 +110,7 @@ class SampleSeeder:
 
     def __call__(self, index, position=None, stream_pos=None) -> None:
         """Seeds for dataset index `index`, or for the stream's item at `stream_pos` (a
-        Fetcher's on_sample; `position` is not used)."""
+        fetcher's on_sample; `position` is not used)."""
         if self._torch_gen is None:
             self._bind()
         key = index if stream_pos is None else ("stream", self.worker_id, stream_pos)

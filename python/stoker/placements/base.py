@@ -101,9 +101,9 @@ class Workers(abc.ABC):
 
     # -- messages --------------------------------------------------------------------------------
     @abc.abstractmethod
-    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
+    def send_task(self, worker_id: int, task: int, index, serial: bool = False) -> bool:
         """Sends task number `task` (the sampler's `index`: a list of indices or one index);
-        `one_at_a_time`: its samples load one by one whatever threads_per_worker says (a task
+        `serial`: its samples load one by one whatever threads_per_worker says (a task
         re-issued after a death with several of its samples in flight). False when the worker
         is gone; its end is reported by ``wait``."""
 

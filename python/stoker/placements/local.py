@@ -225,11 +225,12 @@ class LocalProcesses(Workers):
                 proc.join()
 
     # -- messages --------------------------------------------------------------------------------
-    def _send(self, worker_id: int, mtype: int, task: int, a: int = 0, payload: bytes = b"") -> bool:
+    def _send(self, worker_id: int, mtype: int, task: int, a: int = 0, payload: bytes = b"",
+              b: int = 0) -> bool:
         # Stamped before sending: a worker that takes the message enters its next state after it.
         sent_at = time.monotonic()
         try:
-            self._sup.send(worker_id, mtype, task, a, payload)
+            self._sup.send(worker_id, mtype, task, a, payload, b)
         except EngineError:
             return False
         rec = self._workers.get(worker_id)  # (only this thread adds or removes records)
@@ -237,13 +238,14 @@ class LocalProcesses(Workers):
             rec.last_sent = sent_at
         return True
 
-    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
-        return self.send_encoded_task(worker_id, task, *protocol.encode_task(index, one_at_a_time))
+    def send_task(self, worker_id: int, task: int, index, serial: bool = False) -> bool:
+        return self.send_encoded_task(worker_id, task, *protocol.encode_index(index), serial)
 
-    def send_encoded_task(self, worker_id: int, task: int, fmt: int, payload: bytes) -> bool:
-        """``send_task`` of an index already encoded (``protocol.encode_task``): the node pool
+    def send_encoded_task(self, worker_id: int, task: int, fmt: int, payload: bytes,
+                          serial: bool = False) -> bool:
+        """``send_task`` of an index already encoded (``protocol.encode_index``): the node pool
         passes a rank's on without reading it (it may name classes only the rank has)."""
-        return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload)
+        return self._send(worker_id, protocol.MSG_TASK, task, fmt, payload, int(serial))
 
     def set_memory_share(self, worker_id: int, nbytes: int | None) -> bool:
         return self._send(worker_id, protocol.MSG_LIMIT, 0, nbytes or 0)

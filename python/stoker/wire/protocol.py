@@ -5,7 +5,10 @@ the extension (one source for both languages). Payloads:
 
 - a task: a batch of plain ints travels as int64 (no pickle on the hot path); anything else a
   sampler can yield (strings, tuples, tensors) is pickled, so the dataset receives exactly the
-  objects the sampler produced, as with torch;
+  objects the sampler produced, as with torch. The message's word `a` says which; its word `b`
+  is ``serial`` (1: load the samples one at a time, whatever threads_per_worker says: a task
+  re-issued after its worker died with several of its samples in flight, so that the next
+  death names the sample that caused it). ``decode_task`` gives a ``Task``;
 - a new epoch (RESUME): the base seed, an IterDataPipe's shared seed, the states a resumed
   stateful stream restores;
 - an error report, a list of skipped samples: pickled plain data.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import pickle
 import traceback
 from array import array
+from typing import NamedTuple
 
 from .. import _stoker
 from ..pickling import by_value as _by_value
@@ -49,10 +53,6 @@ MODE_AS_IS = _stoker.MODE_AS_IS
 
 _INDEX_INT64 = 0
 _INDEX_PICKLED = 1
-# A task's word `a` is its index format, and this bit: load the task one sample at a time
-# whatever threads_per_worker says (it is re-issued after its worker died with several of its
-# samples in flight: the next death then names the sample that caused it).
-ONE_AT_A_TIME = 1 << 8
 _PLAIN_INT = frozenset((int,))  # bool, numpy ints... travel pickled, with their types
 
 
@@ -68,15 +68,17 @@ def encode_index(index) -> tuple[int, bytes]:
     return _INDEX_PICKLED, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def encode_task(index, one_at_a_time: bool = False) -> tuple[int, bytes]:
-    """(word, payload) of a task message: ``encode_index``, and the ONE_AT_A_TIME bit."""
-    fmt, payload = encode_index(index)
-    return (fmt | ONE_AT_A_TIME if one_at_a_time else fmt), payload
+class Task(NamedTuple):
+    """A task message as a worker reads it: what the sampler yielded, and whether its samples
+    load one at a time (``serial``, the message's word `b`)."""
+
+    index: object
+    serial: bool = False
 
 
-def decode_task(word: int, payload: bytes) -> tuple[object, bool]:
-    """(index, one at a time) of a task message."""
-    return decode_index(word & ~ONE_AT_A_TIME, payload), bool(word & ONE_AT_A_TIME)
+def decode_task(fmt: int, serial: int, payload: bytes) -> Task:
+    """The ``Task`` of a task message's words `a` (`fmt`, from ``encode_index``) and `b`."""
+    return Task(decode_index(fmt, payload), bool(serial))
 
 
 def decode_index(fmt: int, payload: bytes):
@@ -84,7 +86,10 @@ def decode_index(fmt: int, payload: bytes):
         a = array("q")
         a.frombytes(payload)
         return a.tolist()
-    return pickle.loads(payload)
+    if fmt == _INDEX_PICKLED:
+        return pickle.loads(payload)
+    raise ValueError(f"stoker: a task's index format is {_INDEX_INT64} or {_INDEX_PICKLED}, "
+                     f"not {fmt}")
 
 
 def encode_resume(base_seed: int, shared_seed: int | None, stream_states=None) -> bytes:

@@ -78,7 +78,7 @@ class Endpoint(Protocol):
 class ChannelEndpoint(Endpoint, Protocol):
     """An endpoint that also reads the main process's messages (``WorkerLoop.serve``)."""
 
-    def receive(self, /) -> tuple[int, int, int, bytes] | None:
-        """The next message from the main process, ``(type, task, a, payload)`` as
+    def receive(self, /) -> tuple[int, int, int, int, bytes] | None:
+        """The next message from the main process, ``(type, task, a, b, payload)`` as
         ``WorkerLoop.handle`` takes it, waiting until one comes; None once the main process
         closed the channel. Raises ``EngineError`` when the channel fails."""

@@ -1,15 +1,29 @@
 """Loading samples with torch's fetch semantics and the user's error policy.
 
-``on_error="raise"`` is torch's behaviour. ``"skip"`` drops a sample whose ``__getitem__`` raised
-and records it (the batch comes out smaller; a batch left empty is dropped). ``"retry"`` tries a
-failing sample again, up to ``max_retries`` times, then raises.
+Two fetchers, as torch has ``_MapDatasetFetcher`` and ``_IterableDatasetFetcher``:
+``MapFetcher`` loads a map-style dataset's indices (on threads, ``inflight.py``), and
+``StreamFetcher`` draws an ``IterableDataset``'s items from its iterator. Both put every sample
+through one rule, ``attempt`` (``LoadSettings``: ``on_error`` and ``max_retries``):
 
-Used in workers and, with ``num_workers=0``, in the main process; a ``Fetcher`` belongs to the
+- ``"raise"`` is torch's behaviour: the sample's exception is the task's outcome;
+- ``"skip"`` drops the sample and records it (the batch comes out smaller; a batch left empty is
+  dropped, ``AllSkipped``);
+- ``"retry"`` loads it again, up to ``max_retries`` more times, then raises the last failure.
+
+``StopIteration``, as torch reads it: from a stream's ``next()`` it is the stream's end, not an
+error (the policy does not apply); but when ``next()`` raises it while a failing item is retried,
+the stream ended behind the failure, and the failure stands (it is raised: a retry that could
+not load the item again is a failed retry, never a silent end with the error dropped). From a
+map-style dataset's ``__getitem__`` (or ``__getitems__``) it is an ordinary error, retried,
+skipped or raised like any other (torch's worker reports it as the sample's error too).
+
+Used in workers and, with ``num_workers=0``, in the main process; a fetcher belongs to the
 thread that loads with it.
 """
 
 from __future__ import annotations
 
+from ..config.load import LoadSettings
 from ..wire.protocol import safe_str
 from . import inflight
 
@@ -24,50 +38,111 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {safe_str(exc)}"
 
 
+def attempt(load, settings: LoadSettings, failed: Exception | None = None,
+            stream: bool = False) -> tuple[bool, object]:
+    """`load()` under the error policy: ``(True, sample)``, or ``(False, error)`` for a sample
+    ``on_error="skip"`` drops; raises the error otherwise. `failed`: the error of a first
+    attempt made elsewhere (a batch's samples loaded at once), so that only the retries are
+    left. `stream`: `load` draws a stream's next item, so a StopIteration from a first attempt
+    is its end (raised as it is) and from a retry leaves the failure standing (module doc)."""
+    failure = failed
+    attempts = 0 if failed is None else 1
+    while failure is None or attempts <= settings.retries:
+        attempts += 1
+        try:
+            return True, load()
+        except StopIteration as e:
+            if stream:
+                if failure is None:
+                    raise
+                break  # the stream ended behind the failure: the failure stands
+            failure = e
+        except Exception as e:
+            failure = e
+    if settings.on_error == "skip":
+        return False, failure
+    raise failure
+
+
+class Loading:
+    """One task's samples being loaded (``begin``). Iterating it yields, as each of its
+    samples loading at once on threads is done, how many places at the worker's gate it leaves
+    free: the worker loop decides whether to start its next task's samples there
+    (``MapFetcher.start_ahead``). ``result()`` waits for the rest and applies the policy: the
+    task's samples, or it raises (``AllSkipped``, the error, StopIteration at a stream's end).
+    `at_once`: its samples load at once now (no one of them is "the" sample loading: the
+    status page names none); False once they are done (a retry then loads on its own)."""
+
+    def __init__(self, finish, batch: inflight.Batch | None = None, at_once: bool = False):
+        self._finish = finish
+        self._batch = batch
+        self.at_once = at_once
+
+    def __iter__(self):
+        return iter(self._batch) if self._batch is not None else iter(())
+
+    def result(self):
+        return self._finish()
+
+
+class _Fetcher:
+    """What both fetchers share: the policy's outcome, what it skipped, the sample on.
+    ``skipped`` collects (index, reason) of the last task; ``current`` is the index being
+    loaded (for error reports); ``on_sample(index, position, stream_pos)`` is called as each
+    sample starts (the worker writes it to its status page, per-sample seeding seeds for it)."""
+
+    inflight: inflight.InFlight | None = None
+
+    def __init__(self, dataset, auto_collation: bool, settings: LoadSettings, on_sample=None):
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.settings = settings
+        self.on_sample = on_sample
+        self.current = None
+        self.skipped: list[tuple[object, str]] = []
+
+    def _policy(self, load, index, failed=None, stream=False) -> tuple[bool, object]:
+        """``attempt``, a skip recorded with `index`: (ok, sample)."""
+        ok, value = attempt(load, self.settings, failed, stream)
+        if ok:
+            return True, value
+        self.skipped.append((index, _reason(value)))
+        return False, None
+
+    def begin(self, index, task=None, serial: bool = False) -> Loading:
+        raise NotImplementedError
+
+    def fetch(self, index, task=None, serial: bool = False):
+        """The samples of `index` (task number `task`), under the policy, all at once (no one
+        starts anything ahead meanwhile)."""
+        return self.begin(index, task, serial).result()
+
+    def close(self) -> None:
+        """Ends what loads samples at once (its threads, its event loop)."""
+        if self.inflight is not None:
+            self.inflight.close()
+
+
 def _awaited(getitems, fl):
     """`getitems` whose coroutine is awaited on `fl`'s event loop."""
     return lambda idx: inflight.resolve(getitems(idx), fl)
 
 
-class Fetcher:
-    """Fetches one task's samples. ``skipped`` collects (index, reason) of the last fetch;
-    ``current`` is the index being loaded (for error reports); ``on_sample(index, position,
-    stream_pos)`` is called as each sample starts (the worker writes it to its status page,
-    per-sample seeding seeds for it). An IterableDataset's samples have no index: ``stream_pos``
-    counts the items drawn from the stream (from `stream_pos` on, after a restored state)."""
+class MapFetcher(_Fetcher):
+    """A map-style dataset's samples by index: a batch's at once on threads (or an async
+    dataset's coroutines), one by one otherwise; ``__getitems__`` as torch calls it."""
 
-    def __init__(self, kind, dataset, auto_collation, drop_last, on_error="raise",
-                 max_retries=3, on_sample=None, stream_pos: int = 0, threads=1,
-                 on_batch=None, carried=None):
-        """`threads`: ``threads_per_worker`` (an int or "auto"): a map-style batch's samples
-        load at once (inflight.py), and an async dataset's coroutines are awaited; then
-        `on_sample(index, position, None)` is called from the loading threads, and
-        `on_batch(index, in_flight)` from this thread before them and as each is done (with
-        how many load at once now), `on_batch(None, 0)` once they are; `carried`: the ``inflight.InFlight``
-        of this worker's fetcher of the epoch before (its event loop, its threads and what
-        "auto" learnt live as long as the worker: an async client made on the loop keeps
-        working)."""
-        self.kind = kind
-        self.inflight = None
-        if kind == MAP:  # an earlier epoch's (its loop, its threads, what "auto" learnt) or new
-            self.inflight = carried if carried is not None else inflight.InFlight(dataset,
-                                                                                  threads)
+    def __init__(self, dataset, auto_collation: bool, settings: LoadSettings, on_sample=None,
+                 on_batch=None, carried: inflight.InFlight | None = None):
+        """`on_sample(index, position, None)` is also called from the loading threads;
+        `on_batch(index, in_flight)` from this thread before a batch loading at once and as
+        each of its samples is done (with how many load at once now), `on_batch(None, 0)` once
+        they are; `carried`: the ``InFlight`` of this worker's fetcher of the epoch before (its
+        event loop, its threads and what "auto" learnt live as long as the worker: an async
+        client made on the loop keeps working)."""
+        super().__init__(dataset, auto_collation, settings, on_sample)
+        self.inflight = carried if carried is not None else inflight.InFlight(dataset, settings)
         self.on_batch = on_batch
-        self.serial = False  # the next batch loads one sample at a time (see InFlight.map)
-        # samples of a batch are loading at once now: no one of them is "the" sample loading
-        self.at_once = False
-        self.dataset = dataset
-        self.auto_collation = auto_collation
-        self.drop_last = drop_last
-        self.on_error = on_error
-        self.max_retries = max_retries
-        self.on_sample = on_sample
-        self.current = None
-        self.skipped: list[tuple[object, str]] = []
-        if kind == ITERABLE:
-            self.iterator = iter(dataset)
-            self.ended = False
-            self.stream_pos = stream_pos
 
     def _begin(self, index, position=None):
         """`position`: where `index` is in the task's list of indices (0 for a task that is
@@ -76,54 +151,17 @@ class Fetcher:
         if self.on_sample is not None:
             self.on_sample(index, position, None)
 
-    def _next_item(self):
-        """The stream's next item, announced with its place in the stream."""
-        if self.on_sample is not None:
-            self.on_sample(None, None, self.stream_pos)
-        self.stream_pos += 1
-        return next(self.iterator)
-
-    def _one(self, load, index):
-        """load() under the error policy; returns (ok, sample)."""
-        attempts = 0
-        failure = None
-        while True:
-            try:
-                return True, load()
-            except StopIteration:
-                if failure is not None:  # a generator ends after it raised: the error stands
-                    raise failure from None
-                raise
-            except Exception as e:
-                if self.on_error == "retry" and attempts < self.max_retries:
-                    attempts += 1
-                    failure = e
-                    continue
-                if self.on_error == "skip":
-                    self.skipped.append((index, _reason(e)))
-                    return False, None
-                raise
-
-    def fetch(self, index, task=None, lookahead=None):
-        """The samples of `index` (task number `task`), under the policy. `lookahead()`: see
-        ``inflight.InFlight.map`` (the worker starts its next task's samples with
-        ``start_ahead`` while this one's last ones load)."""
-        self.skipped = []
-        if self.kind == MAP:
-            return self._fetch_map(index, task, lookahead)
-        return self._fetch_iterable(index)
-
     def loads_at_once(self, index) -> bool:
         """Whether `index`'s samples load at once on threads, so that a next task's may start
         ahead (``start_ahead``): a map-style batch of several, no __getitems__, not async."""
         fl = self.inflight
-        return (self.kind == MAP and self.auto_collation and fl is not None
-                and not fl.is_async and fl.width.now > 1 and isinstance(index, list)
-                and len(index) > 1 and getattr(self.dataset, "__getitems__", None) is None)
+        return (self.auto_collation and not fl.is_async and fl.width.now > 1
+                and isinstance(index, list) and len(index) > 1
+                and getattr(self.dataset, "__getitems__", None) is None)
 
     def start_ahead(self, task, index) -> None:
         """Starts loading task `task`'s samples (``loads_at_once(index)``) on the threads left
-        free; its ``fetch`` takes them up."""
+        free; its ``begin`` takes them up."""
         self.inflight.start_ahead(task, self._load, list(enumerate(index)))
 
     def _load(self, item):
@@ -133,12 +171,29 @@ class Fetcher:
             self.on_sample(i, pos, None)
         return self.dataset[i]
 
-    def _fetch_map(self, index, task=None, lookahead=None):
+    def begin(self, index, task=None, serial: bool = False) -> Loading:
+        """`serial`: a batch's samples load one at a time whatever the width (a task
+        re-issued after its worker died with several in flight: the status page names each,
+        so a death names its own)."""
+        self.skipped = []
+        fl = self.inflight
+        if (self.auto_collation and getattr(self.dataset, "__getitems__", None) is None
+                and fl.concurrent and (len(index) > 1 or fl.is_async)):
+            return self._begin_at_once(index, task, serial)
+        return Loading(lambda: self._fetch(index))
+
+    def _done(self, index, data):
+        self.current = index
+        if not data:
+            raise AllSkipped()
+        return data
+
+    def _fetch(self, index):
         ds = self.dataset
         fl = self.inflight
         if not self.auto_collation:
             self._begin(index, 0)
-            ok, sample = self._one(lambda: inflight.resolve(ds[index], fl), index)
+            ok, sample = self._policy(lambda: inflight.resolve(ds[index], fl), index)
             if not ok:
                 raise AllSkipped()
             return sample
@@ -147,7 +202,7 @@ class Fetcher:
             self._begin(index)
             if fl.is_async:  # an async def __getitems__: each call awaited on the worker's loop
                 getitems = _awaited(getitems, fl)
-            if self.on_error == "raise":
+            if self.settings.on_error == "raise":
                 return getitems(index)
             try:
                 return getitems(index)
@@ -156,98 +211,100 @@ class Fetcher:
             data = []
             for pos, i in enumerate(index):
                 self._begin(i, pos)
-                ok, sample = self._one(lambda i=i: getitems([i])[0], i)
+                ok, sample = self._policy(lambda i=i: getitems([i])[0], i)
                 if ok:
                     data.append(sample)
-        elif fl.concurrent and (len(index) > 1 or fl.is_async):
-            data = self._fetch_at_once(index, task, lookahead)
-        else:
-            data = []
-            for pos, i in enumerate(index):
-                self._begin(i, pos)
-                ok, sample = self._one(lambda i=i: ds[i], i)
-                if ok:
-                    data.append(sample)
-        self.current = index
-        if not data:
-            raise AllSkipped()
-        return data
+            return self._done(index, data)
+        data = []
+        for pos, i in enumerate(index):
+            self._begin(i, pos)
+            ok, sample = self._policy(lambda i=i: ds[i], i)
+            if ok:
+                data.append(sample)
+        return self._done(index, data)
 
-    def _fetch_at_once(self, index, task=None, lookahead=None):
+    def _begin_at_once(self, index, task, serial) -> Loading:
         """A batch's samples loaded at once (threads or coroutines), then each outcome under the
         policy in sampler order: the first failure (in that order) is the one raised, a retry
         loads that sample again on its own, a skip is recorded in order."""
         fl = self.inflight
-        serial, self.serial = self.serial, False
-        load = self._load
         progress = None
         if self.on_batch is not None:
             def progress(in_flight):
                 self.on_batch(index, 0 if serial else in_flight)
-        # (one at a time, the status page names each sample: a death then names its own)
-        self.at_once = not serial and min(fl.width.now, len(index)) > 1
+        items = list(enumerate(index))
         try:
-            outcomes = fl.map(load, list(enumerate(index)), serial=serial, progress=progress,
-                              key=task, lookahead=None if serial else lookahead)
-        finally:
-            self.at_once = False
+            batch = fl.start(self._load, items, serial=serial, progress=progress, key=task)
+        except BaseException:
             if self.on_batch is not None:
                 self.on_batch(None, 0)
-        data = []
-        for (pos, i), (ok, sample, error) in zip(enumerate(index), outcomes):
-            if not ok:
-                self.current = i
-                if isinstance(error, StopIteration):
-                    raise error  # as _one: not an error of the sample, the policy does not apply
-                ok, sample = self._after_failure(error, lambda item=(pos, i): self._again(load, item),
-                                                 i)
-            if ok:
-                data.append(sample)
-        return data
+            raise
 
-    def _again(self, load, item):
-        ok, value, error = self.inflight.map(load, [item], serial=True)[0]
+        def finish():
+            try:
+                outcomes = batch.outcomes()
+            finally:
+                loading.at_once = False
+                if self.on_batch is not None:
+                    self.on_batch(None, 0)
+            data = []
+            for item, (ok, sample, error) in zip(items, outcomes):
+                if not ok:
+                    self.current = item[1]
+                    ok, sample = self._policy(lambda item=item: self._again(item), item[1],
+                                              failed=error)
+                if ok:
+                    data.append(sample)
+            return self._done(index, data)
+
+        # (one at a time, the status page names each sample: a death then names its own)
+        loading = Loading(finish, batch, at_once=not serial and min(fl.width.now, len(index)) > 1)
+        return loading
+
+    def _again(self, item):
+        ok, value, error = self.inflight.map(self._load, [item], serial=True)[0]
         if not ok:
             raise error
         return value
 
-    def _after_failure(self, error, load, index):
-        """What the policy makes of a sample whose first attempt raised `error`: (ok, sample);
-        `load()` tries it again."""
-        if self.on_error == "retry" and self.max_retries > 0:
-            attempts, failure = 1, error
-            while True:
-                try:
-                    return True, load()
-                except Exception as e:
-                    failure = e
-                    if attempts >= self.max_retries:
-                        break
-                    attempts += 1
-            error = failure
-        if self.on_error == "skip":
-            self.skipped.append((index, _reason(error)))
-            return False, None
-        raise error
 
-    def close(self) -> None:
-        """Ends what loads samples at once (its threads, its event loop)."""
-        if self.inflight is not None:
-            self.inflight.close()
+class StreamFetcher(_Fetcher):
+    """An IterableDataset's items, drawn one after the other from its iterator. Its samples
+    have no index: ``stream_pos`` counts the items drawn (from `stream_pos` on, after a
+    restored state); ``ended`` once the iterator raised StopIteration."""
 
-    def _fetch_iterable(self, index):
+    def __init__(self, dataset, auto_collation: bool, drop_last: bool, settings: LoadSettings,
+                 on_sample=None, stream_pos: int = 0):
+        super().__init__(dataset, auto_collation, settings, on_sample)
+        self.drop_last = drop_last
+        self.iterator = iter(dataset)
+        self.ended = False
+        self.stream_pos = stream_pos
+
+    def _next_item(self):
+        """The stream's next item, announced with its place in the stream."""
+        if self.on_sample is not None:
+            self.on_sample(None, None, self.stream_pos)
+        self.stream_pos += 1
+        return next(self.iterator)
+
+    def begin(self, index, task=None, serial: bool = False) -> Loading:
+        self.skipped = []
+        return Loading(lambda: self._fetch(index))
+
+    def _fetch(self, index):
         if self.ended:
             raise StopIteration
         self.current = None
         if not self.auto_collation:
-            ok, sample = self._one(self._next_item, None)
+            ok, sample = self._policy(self._next_item, None, stream=True)
             if not ok:
                 raise AllSkipped()
             return sample
         data = []
         for _ in index:
             try:
-                ok, sample = self._one(self._next_item, None)
+                ok, sample = self._policy(self._next_item, None, stream=True)
             except StopIteration:
                 self.ended = True
                 break
@@ -258,3 +315,12 @@ class Fetcher:
         if not data or (self.drop_last and self.ended and len(data) < len(index)):
             raise StopIteration
         return data
+
+
+def fetcher_for(kind: int, dataset, auto_collation: bool, drop_last: bool,
+                settings: LoadSettings, on_sample=None, stream_pos: int = 0, on_batch=None,
+                carried: inflight.InFlight | None = None) -> MapFetcher | StreamFetcher:
+    """The fetcher of a dataset of `kind` (MAP or ITERABLE)."""
+    if kind == MAP:
+        return MapFetcher(dataset, auto_collation, settings, on_sample, on_batch, carried)
+    return StreamFetcher(dataset, auto_collation, drop_last, settings, on_sample, stream_pos)

@@ -4,7 +4,7 @@ A batch's samples are loaded at once by up to N threads of the worker (behind on
 N, ``gate.Gate``, whose threads are made in the worker after it started), or, for an ``async def
 __getitem__``, as up to N coroutines on one event loop of the worker. Either way the results come back in sampler order, so the batch is the one the
 same loader builds with one thread; each sample goes through the error policy on its own
-(``fetch.Fetcher`` decides what a failure means).
+(``fetch.attempt`` decides what a failure means).
 
 ``threads_per_worker="auto"``: ``Width`` picks how many at once from what the batches before
 measured (the second batch at each width): it widens while the samples per second rise and the
@@ -26,6 +26,7 @@ import time
 from concurrent.futures import as_completed
 
 from ..common.gate import Gate
+from ..config.load import LoadSettings, is_async
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 
 # "auto" widens while the worker's CPU time is below this share of its wall time
@@ -113,27 +114,10 @@ class Width:
         self._before, self.now, self._fresh = w, wider, True
 
 
-def is_async(dataset) -> bool:
-    """Whether the dataset's __getitem__ or __getitems__ is an ``async def``."""
-    for name in ("__getitem__", "__getitems__"):
-        f = getattr(type(dataset), name, None)
-        if f is not None and inspect.iscoroutinefunction(f):
-            return True
-    return False
-
-
-def threads_for(setting, dataset):
-    """What ``threads_per_worker`` means for `dataset`: as given, or when it was left unset
-    (None), 1 for a dataset that computes and "auto" for one whose __getitem__ or __getitems__
-    is an ``async def`` (it says its work waits: many of its coroutines run at once)."""
-    if setting is not None:
-        return setting
-    return "auto" if is_async(dataset) else 1
-
-
 class InFlight:
     """Loads items at once: ``map(load, items)`` returns ``[(ok, value, error)]`` in the items'
-    order. `load(item)` returns the sample (or, for an async dataset, a coroutine for it) or
+    order; ``start(load, items)`` returns the ``Batch`` under way, for a caller that acts as
+    its items are done (the worker loop reads ahead then). `load(item)` returns the sample (or, for an async dataset, a coroutine for it) or
     raises; `ok` is False when it raised, `error` then holds the exception.
 
     One gate bounds what loads at once on threads (``gate.Gate``, of the width now): the
@@ -142,9 +126,10 @@ class InFlight:
     A batch started ahead is always taken up by its ``map``, whatever the width became (each
     sample is loaded once)."""
 
-    def __init__(self, dataset, setting, width: Width | None = None):
-        """`width`: one kept from an earlier epoch's InFlight (what "auto" learnt)."""
-        self.width = width if width is not None else Width(threads_for(setting, dataset))
+    def __init__(self, dataset, settings: LoadSettings, width: Width | None = None):
+        """`settings`: the worker's (its ``threads``, resolved: an int or "auto"); `width`: one
+        kept from an earlier epoch's InFlight (what "auto" learnt)."""
+        self.width = width if width is not None else Width(settings.threads)
         self.is_async = is_async(dataset)
         self._gate: Gate | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,17 +149,16 @@ class InFlight:
         """The most samples that loaded at once on this process's threads so far."""
         return self._gate.peak if self._gate is not None and self._gate.usable() else 0
 
-    def map(self, load, items, serial: bool = False, progress=None, key=None,
-            lookahead=None) -> list:
-        """`serial`: one at a time whatever the width (a batch re-issued after its worker died
-        with several samples in flight, so the death names the one that caused it);
-        `progress(in_flight)` is called on this thread before the first item and as each is
-        done, with how many load at once now (the worker's hang watch then times the wait for
-        the next sample, not the whole batch). Threads only: `key` names the batch, whose
+    def start(self, load, items, serial: bool = False, progress=None, key=None) -> Batch:
+        """Starts loading `items`; the ``Batch`` returned yields as each is done and gives the
+        outcomes. `serial`: one at a time whatever the width (a batch re-issued after its
+        worker died with several samples in flight, so the death names the one that caused
+        it); `progress(in_flight)` is called on this thread before the first item and as each
+        is done, with how many load at once now (the worker's hang watch then times the wait
+        for the next sample, not the whole batch). Threads only: `key` names the batch, whose
         items may have started already (``start_ahead``: then they are these items' loads,
-        taken up whatever the width is now); `lookahead()` is called on this thread whenever
-        fewer items than the width are left loading, to start the next batch's (it returns
-        False once there is nothing more to start for now)."""
+        taken up whatever the width is now). Only items on the gate's threads start here;
+        the rest (one at a time, an event loop's coroutines) load in ``Batch.outcomes``."""
         ahead = self._ahead.pop(key, None) if key is not None else None
         began = self._ahead_at.pop(key, None) if key is not None else None
         n = 1 if serial else min(self.width.now, len(items))
@@ -191,31 +175,40 @@ class InFlight:
         if began is not None:  # its samples started while the batch before loaded: its
             # time is from when that one was done (what the worker delivers per second)
             begin = max(began, self._done_at or begin)
-        if self.is_async:
-            out = self._run_async(load, items, n, progress)
-        elif ahead is not None:
-            out = self._wait(ahead, progress, lookahead)
-        elif n <= 1:  # on this thread (the status page names each sample), each load in a
-            # place at the gate, if there is one (what was started ahead may still load on it)
-            gate = self._gate if self._gate is not None and self._gate.usable() else None
-            out = []
-            for it in items:
-                if gate is None:
-                    out.append(_call(load, it))
-                else:
-                    with gate.place():
-                        out.append(_call(load, it))
-                if progress is not None:
-                    progress()
-        else:
+        futures = ahead
+        if futures is None and not self.is_async and n > 1:
             gate = self._the_gate()
-            out = self._wait([gate.submit(_call_with, (load, it)) for it in items], progress,
-                             lookahead)
+            futures = [gate.submit(_call_with, (load, it)) for it in items]
+        return Batch(self, load, items, n, serial, progress, begin, futures)
+
+    def map(self, load, items, serial: bool = False, progress=None, key=None) -> list:
+        """``[(ok, value, error)]`` of `items`, in their order (``start``, then its outcomes)."""
+        return self.start(load, items, serial, progress, key).outcomes()
+
+    def finished(self, batch: Batch) -> None:
+        """`batch` is done (``Batch.outcomes``): "auto" judges its width from it, the gate
+        follows the width."""
         end = self._done_at = _now()
-        if not serial:
-            self.width.observe(len(items), end[0] - begin[0], end[1] - begin[1])
+        if not batch.serial:
+            self.width.observe(len(batch.items), end[0] - batch.begin[0],
+                               end[1] - batch.begin[1])
             if self._gate is not None and self._gate.usable():
                 self._gate.resize(self.width.now)
+
+    def one_by_one(self, load, items, progress) -> list:
+        """`items` loaded on this thread (``Batch.outcomes``; the status page names each
+        sample), each load in a place at the gate, if there is one (what was started ahead
+        may still load on it)."""
+        gate = self._gate if self._gate is not None and self._gate.usable() else None
+        out = []
+        for it in items:
+            if gate is None:
+                out.append(_call(load, it))
+            else:
+                with gate.place():
+                    out.append(_call(load, it))
+            if progress is not None:
+                progress()
         return out
 
     # -- threads ---------------------------------------------------------------------------------
@@ -226,18 +219,6 @@ class InFlight:
         else:
             self._gate.resize(self.width.now)
         return self._gate
-
-    def _wait(self, futures, progress, lookahead) -> list:
-        if progress is None and lookahead is None:
-            return [f.result() for f in futures]
-        left = len(futures)
-        for _ in as_completed(futures):
-            left -= 1
-            if progress is not None:
-                progress()
-            if lookahead is not None and left < self.width.now and not lookahead():
-                lookahead = None
-        return [f.result() for f in futures]
 
     def start_ahead(self, key, load, items) -> None:
         """Starts loading `items` of the batch `key` (the worker's next task) through the gate,
@@ -267,7 +248,8 @@ class InFlight:
         self._ahead_at.clear()
 
     # -- an event loop ---------------------------------------------------------------------------
-    def _run_async(self, load, items, n: int, progress=None) -> list:
+    def run_async(self, load, items, n: int, progress=None) -> list:
+        """`items` awaited on this worker's event loop, `n` at once (``Batch.outcomes``)."""
         if self._loop is None or self._pid != os.getpid():
             self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
         gate = None
@@ -304,6 +286,51 @@ class InFlight:
         if self._loop is not None and self._pid == os.getpid():
             self._loop.close()
         self._loop = None
+
+
+class Batch:
+    """One batch's items under way (``InFlight.start``). Iterating it yields, as each of its
+    items loading on the gate's threads is done, how many places at the gate it leaves free
+    (the width now less its items still loading): the worker loop, which owns what starts
+    ahead, starts its next task's samples there (``InFlight.start_ahead``). Nothing is
+    yielded for a batch that loads one at a time or on an event loop. ``outcomes()`` waits
+    for what is left and returns ``[(ok, value, error)]`` in the items' order, once."""
+
+    def __init__(self, fl: InFlight, load, items, n: int, serial: bool, progress, begin,
+                 futures):
+        self._fl = fl
+        self._load = load
+        self.items = items
+        self._n = n
+        self.serial = serial
+        self._progress = progress
+        self.begin = begin
+        self._futures = futures  # on the gate's threads (None: loaded in outcomes())
+        self._pending = None if futures is None else as_completed(futures)
+        self._left = 0 if futures is None else len(futures)
+        self._out: list | None = None
+
+    def __iter__(self):
+        while self._pending is not None and self._left > 0:
+            next(self._pending)
+            self._left -= 1
+            if self._progress is not None:
+                self._progress()
+            yield self._fl.width.now - self._left
+
+    def outcomes(self) -> list:
+        if self._out is None:
+            fl = self._fl
+            if self._futures is not None:
+                for _ in self:  # (what the caller did not wait for, counted as done)
+                    pass
+                self._out = [f.result() for f in self._futures]
+            elif fl.is_async:
+                self._out = fl.run_async(self._load, self.items, self._n, self._progress)
+            else:
+                self._out = fl.one_by_one(self._load, self.items, self._progress)
+            fl.finished(self)
+        return self._out
 
 
 def _now() -> tuple[float, float]:

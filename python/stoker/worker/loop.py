@@ -28,6 +28,7 @@ from ..common import rng_state
 from ..common import torch_compat as _torch_compat
 from ..common.errors import SharedMemoryLimitError
 from ..config import seeding
+from ..config.load import LoadSettings
 from ..datasets import worker_info as _info
 from ..wire import protocol, stream_state
 from ..wire.protocol import (
@@ -46,7 +47,7 @@ from ..wire.protocol import (
 )
 from . import collate
 from .endpoint import ChannelEndpoint, Endpoint
-from .fetch import ITERABLE, MAP, AllSkipped, Fetcher
+from .fetch import ITERABLE, MAP, AllSkipped, Loading, MapFetcher, StreamFetcher, fetcher_for
 
 # How long a batch waits for the user to let go of shared memory under max_shared_memory before
 # it fails with SharedMemoryLimitError; each slot that comes free starts the wait afresh.
@@ -67,8 +68,9 @@ class WorkerConfig:
     drop_last: bool
     base_seed: int
     init_fn: object = None  # worker_init_fn (a DataPipe's already wraps torch's sharding)
-    on_error: str = "raise"
-    max_retries: int = 3
+    # how samples load: the error policy, retries, threads_per_worker resolved (config/load.py;
+    # a task re-issued after a death with samples in flight loads one by one: its serial word)
+    load: LoadSettings = LoadSettings()
     shared_memory_share: int | None = None  # bytes this worker's batches may take (None: no cap)
     shared_seed: int | None = None  # an IterDataPipe's shuffle seed, the same in every worker
     seeder: seeding.SampleSeeder | None = None  # seed="per_sample"
@@ -82,9 +84,6 @@ class WorkerConfig:
     # The standard output and error of the rank a node pool's worker loads for (two
     # fdpass.ChannelFd): what its dataset prints shows on that rank, not on the pool's.
     stdio: tuple | None = None
-    # threads_per_worker: a batch's samples loaded at once (worker/inflight.py); "auto" tunes it
-    # (a task re-issued after a death comes with protocol.ONE_AT_A_TIME: loaded one by one)
-    threads_per_worker: int | str = 1  # (resolved: inflight.threads_for)
 
     @property
     def keeps_rng(self) -> bool:
@@ -111,7 +110,8 @@ class WorkerLoop:
         self.config = config
         self.dataset = config.dataset
         self.task = 0  # the task being served (the status page names it)
-        self.fetcher: Fetcher | None = None
+        self.fetcher: MapFetcher | StreamFetcher | None = None
+        self._loading: Loading | None = None  # the task whose samples load now
         self.init_error: Exception | None = None  # reported with the first task, as torch does
         self.ended = False  # an IterableDataset ran out: later tasks are ignored
         self.restored_ended = False  # resumed from a state taken after its stream ran out
@@ -119,7 +119,9 @@ class WorkerLoop:
         self._rng = rng_state.Tracker() if config.keeps_rng else None
         self._thread = threading.get_ident()  # the one that writes the status page
         # messages read ahead (``_look_ahead``), handled next, in order; whether every one of them
-        # is a task started ahead (else nothing more starts ahead until they are handled)
+        # is a task started ahead (else nothing more starts ahead until they are handled).
+        # The loop owns what starts ahead: it reads the channel as its task's samples are done
+        # (``_load``), and hands the fetcher the next task's samples to start.
         self._pending: collections.deque = collections.deque()
         self._started_ahead = True
         self._read_ahead = None  # a poll of the channel, under serve()
@@ -158,7 +160,9 @@ class WorkerLoop:
     def _on_sample(self, index, position, stream_pos) -> None:
         # From the loading threads of threads_per_worker too: the status page has one writer,
         # this thread, which entered "loading" for the whole batch (_on_batch); they only count.
-        if threading.get_ident() == self._thread and not getattr(self.fetcher, "at_once", False):
+        loading = self._loading
+        if threading.get_ident() == self._thread and not (loading is not None and
+                                                          loading.at_once):
             self.endpoint.enter(protocol.STATE_FETCHING, self.task, _indices.as_int(index),
                                 -1 if position is None else position)
         self.endpoint.add_sample()
@@ -174,7 +178,7 @@ class WorkerLoop:
             self.endpoint.enter(protocol.STATE_FETCHING, self.task, None)
         self.endpoint.set_in_flight(in_flight)
 
-    def _new_fetcher(self, states) -> Fetcher:
+    def _new_fetcher(self, states) -> MapFetcher | StreamFetcher:
         c = self.config
         # A resumed (or restarted) worker: its saved state back, in torchdata's order.
         mine = states.get(self.worker_id) if states else None
@@ -184,10 +188,10 @@ class WorkerLoop:
             carried = self.fetcher.inflight
             if carried is not None:
                 carried.drop_ahead()  # (none is left: a new epoch's message stops looking ahead)
-        f = Fetcher(c.kind, self.dataset, c.auto_collation, c.drop_last, c.on_error,
-                    c.max_retries, self._on_sample, stream_state.position_of(mine),
-                    threads=c.threads_per_worker, on_batch=self._on_batch, carried=carried)
-        if c.kind == ITERABLE:
+        f = fetcher_for(c.kind, self.dataset, c.auto_collation, c.drop_last, c.load,
+                        self._on_sample, stream_state.position_of(mine),
+                        on_batch=self._on_batch, carried=carried)
+        if isinstance(f, StreamFetcher):
             stream_state.restore_iterator(self.dataset, f.iterator, mine)
             self.restored_ended = stream_state.ended(mine)
         stream_state.restore_rng(mine)
@@ -211,6 +215,21 @@ class WorkerLoop:
             if msg is None or not self.handle(*msg):
                 break
 
+    def _load(self, task: int, index, serial: bool):
+        """Task `task`'s samples, under the policy (the fetcher's ``begin``, then its
+        ``result``). While they load at once on threads, each time one is done and places at
+        the gate are free, the loop looks ahead (``_look_ahead``) until nothing more may
+        start."""
+        loading = self._loading = self.fetcher.begin(index, task, serial)
+        try:
+            ahead = not serial
+            for free in loading:
+                if ahead and free > 0:
+                    ahead = self._look_ahead()
+            return loading.result()
+        finally:
+            self._loading = None
+
     def _look_ahead(self) -> bool:
         """Reads the next message if one waits; a task whose samples load at once on threads
         starts them now (the threads the batch loading now leaves free take them). False once
@@ -226,30 +245,30 @@ class WorkerLoop:
         if msg is None or msg[0] != MSG_TASK:
             self._started_ahead = False
             return False
-        index, one_at_a_time = protocol.decode_task(msg[2], msg[3])
-        if one_at_a_time or self.fetcher is None or not self.fetcher.loads_at_once(index):
+        t = protocol.decode_task(msg[2], msg[3], msg[4])
+        f = self.fetcher
+        if t.serial or not isinstance(f, MapFetcher) or not f.loads_at_once(t.index):
             self._started_ahead = False
             return False
-        self.fetcher.start_ahead(msg[1], index)
+        f.start_ahead(msg[1], t.index)
         self._started_ahead = True
         return True
 
-    def handle(self, mtype: int, task: int, fmt: int, payload: bytes) -> bool:
-        """One message from the main process; False for STOP. (A placement that delivers
-        messages itself, an actor's method call, calls this directly.)"""
+    def handle(self, mtype: int, task: int, a: int, b: int, payload: bytes) -> bool:
+        """One message from the main process (its words: channel.h), False for STOP. (A
+        placement that delivers messages itself, an actor's method call, calls this
+        directly.)"""
         if mtype == MSG_STOP:
             return False
         if mtype == MSG_RESUME:
             self._begin_epoch(task, payload)
         elif mtype == MSG_LIMIT:  # more (or fewer) workers share max_shared_memory now
-            self.endpoint.set_shared_memory_limit(fmt, SHARED_MEMORY_PATIENCE_S)
+            self.endpoint.set_shared_memory_limit(a, SHARED_MEMORY_PATIENCE_S)
         elif mtype == MSG_TASK and not self.ended:
             self.task = task
             self._thread = threading.get_ident()  # (an actor may serve on another thread)
-            index, one_at_a_time = protocol.decode_task(fmt, payload)
-            if self.fetcher is not None:
-                self.fetcher.serial = one_at_a_time
-            self._run_task(task, index)
+            t = protocol.decode_task(a, b, payload)
+            self._run_task(task, t.index, t.serial)
         return True
 
     def _begin_epoch(self, epoch: int, payload: bytes) -> None:
@@ -270,7 +289,7 @@ class WorkerLoop:
                 self.init_error = e
         self.endpoint.send(MSG_RESUMED, epoch)
 
-    def _run_task(self, task: int, index) -> None:
+    def _run_task(self, task: int, index, serial: bool = False) -> None:
         ep = self.endpoint
         if self.init_error is not None:
             ep.send(MSG_ERROR, task, 0, protocol.encode_error(self.init_error, self.worker_id, None))
@@ -281,15 +300,15 @@ class WorkerLoop:
             if self.restored_ended:  # its stream had run out when the state was taken
                 self.restored_ended = False
                 raise StopIteration
-            data = self.fetcher.fetch(index, task, self._look_ahead)
-        except StopIteration:
-            if kind == ITERABLE:
+            data = self._load(task, index, serial)
+        except StopIteration as e:
+            if kind == ITERABLE:  # the stream's end (fetch.py: for a map dataset, an error)
                 self.ended = True
                 self._send_stream_state(task, quiet=True, ended=True)
                 self._report_skipped(task, dropped=False)
                 ep.send(MSG_END, task)
                 return
-            ep.send(MSG_ERROR, task, 0, self._error(StopIteration()))
+            ep.send(MSG_ERROR, task, 0, self._error(e))
             return
         except AllSkipped:
             if self._send_stream_state(task):
@@ -306,7 +325,7 @@ class WorkerLoop:
             self._send(task, data, index if kind == MAP else None)
         except Exception as e:
             self.fetcher.current = index if kind == MAP else None
-            if self.config.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
+            if self.config.load.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
                 reason = f"collate failed: {type(e).__name__}: {protocol.safe_str(e)}"
                 self.fetcher.skipped = [(i, reason)
                                         for i in (index if isinstance(index, list) else [index])]
@@ -322,9 +341,8 @@ class WorkerLoop:
         process pairs them) when it changed. False when it could not be taken: the task's
         outcome is then that error (a batch whose state is lost could not be resumed after);
         with `quiet`, a failure sends nothing (the outcome is an error anyway)."""
-        c = self.config
         f = self.fetcher
-        iterable = c.kind == ITERABLE
+        iterable = isinstance(f, StreamFetcher)
         try:
             state = stream_state.capture(self.dataset, f.iterator if iterable else None,
                                          f.stream_pos if iterable else None, self._rng,

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from stoker.config.load import LoadSettings
 from stoker.placements.node import hello
 from stoker.wire.sealed import Sealed
 from stoker.worker.loop import WorkerConfig
@@ -28,10 +29,16 @@ def key(c: WorkerConfig) -> str:
         sealed.close()
 
 
+def threads(n) -> LoadSettings:
+    return LoadSettings(threads=n)
+
+
 def test_threads_per_worker_is_in_the_key():
-    assert key(config(threads_per_worker=1)) != key(config(threads_per_worker=8))
-    assert key(config(threads_per_worker=8)) != key(config(threads_per_worker="auto"))
-    assert key(config(threads_per_worker=8)) == key(config(threads_per_worker=8))
+    assert key(config(load=threads(1))) != key(config(load=threads(8)))
+    assert key(config(load=threads(8))) != key(config(load=threads("auto")))
+    assert key(config(load=threads(8))) == key(config(load=threads(8)))
+    assert key(config(load=LoadSettings("skip"))) != key(config())
+    assert key(config(load=LoadSettings("retry", 7))) != key(config(load=LoadSettings("retry")))
 
 
 def test_every_field_is_keyed_or_named_with_a_reason():
@@ -40,14 +47,13 @@ def test_every_field_is_keyed_or_named_with_a_reason():
     assert all(reason.strip() for reason in hello.NOT_KEYED.values())
     keyed = {name for name, _ in hello.keyed_settings(config())}
     assert keyed == names - set(hello.NOT_KEYED)
-    assert {"threads_per_worker", "on_error", "max_retries", "drop_last", "kind",
+    assert {"load", "drop_last", "kind",
             "auto_collation", "collate_mode", "shared_seed"} <= keyed
 
 
 def test_a_change_of_any_keyed_setting_gives_another_group():
     changed = {"kind": 1, "auto_collation": False, "collate_mode": 1, "drop_last": True,
-               "on_error": "skip", "max_retries": 7, "shared_seed": 5,
-               "threads_per_worker": 4}
+               "load": LoadSettings("retry", 7, 4), "shared_seed": 5}
     keyed = {name for name, _ in hello.keyed_settings(config())}
     assert keyed == set(changed), "a new keyed field: add a change of it here"
     same = key(config())

@@ -285,6 +285,8 @@ def test_close_all_closes_what_it_can():
 
 def test_the_version_and_messages():
     assert wire.VERSION == 3
+    assert wire.Task(0, 1, 2, 0, b"", 5, 6).serial is False  # (its own field, not a bit of fmt)
+    assert wire.Task(0, 1, 2, 0, b"", 5, 6, True).serial is True
     assert wire.Release(3).bid == 3
     assert wire.Ready(1, "j", 2, (3,), 1)._fields == ("pid", "job", "workers", "pids", "clients")
 

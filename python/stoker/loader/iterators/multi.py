@@ -34,6 +34,7 @@ from torch.utils.data import IterableDataset, default_collate, default_convert
 
 from ...common import torch_compat as _torch_compat
 from ...config import seeding
+from ...config.load import LoadSettings
 from ...config.options import shared_memory_share
 from ...config.records import records_of
 from ...placements.choose import workers_for
@@ -41,7 +42,6 @@ from ...wire import protocol
 from ...wire.board import Board
 from ...wire.events import BatchReady, EpochBegun, SamplesSkipped, StreamEnded, TaskFailed
 from ...worker.fetch import ITERABLE, MAP
-from ...worker.inflight import threads_for
 from ...worker.loop import WorkerConfig
 from ..autotune.controller import Controller, wanted
 from ..gpu.last_mile import last_mile
@@ -90,8 +90,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 self._worker_init_fn, self._world_size, self._rank)
         self._collate_mode = _collate_mode(loader)
         self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
-        # threads_per_worker as it applies to this dataset (unset: "auto" for an async one)
-        self._threads = threads_for(options.threads_per_worker, self._dataset)
+        # how every worker loads (threads_per_worker resolved: unset is "auto" for an async
+        # dataset), made once here and carried whole in each WorkerConfig
+        self._load = LoadSettings.of(options, self._dataset)
         self._discard = 0
         n = self._num_workers
         cls = type(loader).__qualname__
@@ -106,7 +107,7 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                                   stream_known=self._cursor.can_restart_stream)
         self._stats = IterStats(self._board, self.workers, self._watch,
                                 self._recovery.restarts_by_worker, options.stall_notice,
-                                self._threads)
+                                self._load.threads)
         self._shm_cap = options.shared_memory_cap()
         self._tuner = None
         tune_workers, tune_depth = wanted(options, self._kind == MAP, n)
@@ -159,15 +160,13 @@ class MultiProcessIter(_torch_compat.base_iterator()):
 
     # -- workers -------------------------------------------------------------------------------
     def _worker_config(self, stream_states: dict) -> WorkerConfig:
-        o = self._options
         return WorkerConfig(
             num_workers=self._num_workers, kind=self._kind, dataset=self._dataset,
             auto_collation=self._auto_collation, collate_fn=self._collate_fn,
             collate_mode=self._collate_mode, drop_last=self._drop_last,
-            base_seed=self._base_seed, init_fn=self._worker_init_fn, on_error=o.on_error,
-            max_retries=o.max_retries, shared_memory_share=self._shm_share,
-            shared_seed=self._shared_seed, seeder=self._seeder, stream_states=stream_states,
-            threads_per_worker=self._threads)
+            base_seed=self._base_seed, init_fn=self._worker_init_fn, load=self._load,
+            shared_memory_share=self._shm_share, shared_seed=self._shared_seed,
+            seeder=self._seeder, stream_states=stream_states)
 
     @property
     def _workers(self) -> list:

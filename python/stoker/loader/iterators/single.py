@@ -10,10 +10,10 @@ from torch.utils.data import IterableDataset
 
 from ...common import torch_compat as _torch_compat
 from ...config import seeding
+from ...config.load import LoadSettings, is_async
 from ...config.records import SkippedSample, records_of
 from ...wire import stream_state
-from ...worker import inflight
-from ...worker.fetch import ITERABLE, MAP, AllSkipped, Fetcher
+from ...worker.fetch import ITERABLE, MAP, AllSkipped, fetcher_for
 from ..gpu.last_mile import last_mile
 from ..resume.cursor import Cursor
 from .handout import Handout
@@ -23,11 +23,10 @@ class PolicyFetcher:
     """torch's in-process fetcher, with the error policy applied sample by sample and, under
     seed="per_sample", each sample's generators seeded before it is loaded."""
 
-    def __init__(self, loader, options, records, seeder=None):
+    def __init__(self, loader, settings: LoadSettings, records, seeder=None):
         kind = ITERABLE if isinstance(loader.dataset, IterableDataset) else MAP
-        self.fetcher = Fetcher(kind, loader.dataset, loader._auto_collation, loader.drop_last,
-                               options.on_error, options.max_retries, seeder,
-                               threads=options.threads_per_worker)
+        self.fetcher = fetcher_for(kind, loader.dataset, loader._auto_collation,
+                                   loader.drop_last, settings, seeder)
         self.collate_fn = loader.collate_fn
         self.records = records
         self.seeding = seeder is not None
@@ -67,10 +66,10 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             super().__init__(loader)
         self._base_seed = self._cursor.base_seed(self._base_seed)
         self._seeder = seeding.seeder_for(options, self._base_seed, 0)
-        if options.on_error != "raise" or self._seeder is not None or \
-                inflight.threads_for(options.threads_per_worker, loader.dataset) != 1 or \
-                inflight.is_async(loader.dataset):
-            self._dataset_fetcher = PolicyFetcher(loader, options, self._records, self._seeder)
+        settings = LoadSettings.of(options, loader.dataset)  # (made once, as a worker's)
+        if settings.on_error != "raise" or self._seeder is not None or \
+                settings.threads != 1 or is_async(loader.dataset):
+            self._dataset_fetcher = PolicyFetcher(loader, settings, self._records, self._seeder)
         self._discard = 0
         # device: batches copied ahead on a side stream (loader/gpu/); torch's iterator pins.
         self._mile = last_mile(False, options.device, self._next_host)

@@ -288,7 +288,7 @@ class Supervision:
         _, state = self._cursor.restart_state(ex.worker)
         if state is not None:
             config = dataclasses.replace(config, stream_states={ex.worker: state})
-        if config.threads_per_worker != 1:
+        if config.load.threads != 1:
             # It had (or may have had) a batch's samples in flight at once.
             self._one_at_a_time.update(tasks)
         self.start(ex.worker, config)

@@ -287,9 +287,8 @@ class Group:
             if self.broken is not None:
                 self._tell_death(a, self.broken)
                 return
-            one_at_a_time = bool(m.fmt & protocol.ONE_AT_A_TIME)
-            fmt = m.fmt & ~protocol.ONE_AT_A_TIME  # (the same batch, however its samples load)
-            ident = (m.base_seed, m.epoch, fmt, m.payload)
+            one_at_a_time = m.serial  # (not in its identity: the same batch however it loads)
+            ident = (m.base_seed, m.epoch, m.fmt, m.payload)
             if self.streams.saw(c.rank, ident):  # its first task of the epoch: whose peer
                 self.ledger.recheck(self.streams.owed_now)
             held = self.ledger.find(ident)
@@ -302,7 +301,7 @@ class Group:
                 same.askers.append(a)
                 same.one_at_a_time = same.one_at_a_time or one_at_a_time
                 return
-            t = Task(ident, fmt, m.payload, [a], one_at_a_time=one_at_a_time)
+            t = Task(ident, m.fmt, m.payload, [a], one_at_a_time=one_at_a_time)
             self._tasks[ident] = t
             c.queue.append(t)
             self.dispatch()
@@ -408,8 +407,8 @@ class Group:
             pw.seed = (base_seed, epoch)
         task.worker, task.sent_at, pw.task = pw, time.monotonic(), task
         self._tell_began(task)
-        fmt = task.fmt | (protocol.ONE_AT_A_TIME if task.one_at_a_time else 0)
-        if not self.workers.send_encoded_task(pw.slot, task.number, fmt, task.payload):
+        if not self.workers.send_encoded_task(pw.slot, task.number, task.fmt, task.payload,
+                                              task.one_at_a_time):
             pw.task, task.worker, pw.lost = None, None, True  # its death is on its way
             self.budget.give()
             self._requeue(task)

@@ -57,7 +57,7 @@ class Task:
     began: bool = False  # the ranks heard that a started worker took it
     sent_at: float = 0.0  # when it went to its worker
     killed: bool = False  # its worker was killed for not finishing its start-up
-    # a rank re-issued it after a death with its samples in flight (protocol.ONE_AT_A_TIME)
+    # a rank re-issued it after a death with its samples in flight (wire.Task.serial)
     one_at_a_time: bool = False
 
     def waited(self) -> float:

@@ -209,7 +209,8 @@ def close_all(fds) -> None:
 # -- the messages -------------------------------------------------------------------------------
 # Bumped whenever a message below or the frame changes: a pool and a rank of different versions
 # do not talk (every frame's header says its version; the rank is told, with both named).
-# 3: the version moved from the Hello into every frame's header.
+# 3: the version moved from the Hello into every frame's header, and a Task carries `serial`
+#    (it was a bit of `fmt`).
 VERSION = 3
 
 
@@ -232,7 +233,8 @@ class Hello(NamedTuple):
 
 class Task(NamedTuple):
     """Load task `task` (the rank's number) for virtual worker `w`: its index list as
-    ``protocol.encode_task`` made it, seeded from (`base_seed`, `epoch`)."""
+    ``protocol.encode_index`` made it, seeded from (`base_seed`, `epoch`); `serial`: its
+    samples load one at a time (``protocol.Task.serial``)."""
 
     w: int
     gen: int
@@ -241,6 +243,7 @@ class Task(NamedTuple):
     payload: bytes
     base_seed: int
     epoch: int
+    serial: bool = False
 
 
 class Release(NamedTuple):

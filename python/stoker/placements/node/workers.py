@@ -200,8 +200,8 @@ class NodeWorkers(Workers):
         conn.close_when_free()  # (now, or when the last batch the user holds is let go)
 
     # -- messages --------------------------------------------------------------------------------
-    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
-        fmt, payload = protocol.encode_task(index, one_at_a_time)
+    def send_task(self, worker_id: int, task: int, index, serial: bool = False) -> bool:
+        fmt, payload = protocol.encode_index(index)
         with self._lock:
             v = self._virtual.get(worker_id)
             conn = self._conn
@@ -209,7 +209,7 @@ class NodeWorkers(Workers):
                 return False
             v.last_sent = time.monotonic()
             v.sent[task] = v.last_sent
-        return conn.send(wire.Task(worker_id, v.gen, task, fmt, payload, *self._seed))
+        return conn.send(wire.Task(worker_id, v.gen, task, fmt, payload, *self._seed, serial))
 
     def set_memory_share(self, worker_id: int, nbytes) -> bool:
         # The pool's workers have slots of their own, sized for the node (docs/design/node.md).

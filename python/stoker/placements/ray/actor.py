@@ -124,10 +124,10 @@ class _Actor:
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def handle(self, mtype, task, fmt, payload):
+    def handle(self, mtype, task, a, b, payload):
         self._thread = threading.get_ident()
         self._ep.outbox = []
-        self._loop.handle(mtype, task, fmt, payload)
+        self._loop.handle(mtype, task, a, b, payload)
         self._ep.enter(protocol.STATE_IDLE, self._loop.task, None)
         out, self._ep.outbox = self._ep.outbox, []
         return out, self._ep.snapshot()
@@ -153,8 +153,8 @@ def actor_class():
 
         class StokerWorker(_Actor):
             @ray.method(concurrency_group="loop")
-            def handle(self, mtype, task, fmt, payload):
-                return _Actor.handle(self, mtype, task, fmt, payload)
+            def handle(self, mtype, task, a, b, payload):
+                return _Actor.handle(self, mtype, task, a, b, payload)
 
             @ray.method(concurrency_group="look")
             def ready(self):

@@ -32,6 +32,7 @@ class Waiting:
     task: int
     fmt: int
     payload: bytes
+    serial: bool  # its samples load one at a time (protocol.Task.serial)
     since: float  # time.monotonic() when it was first held back
 
 

@@ -127,21 +127,21 @@ class RayWorkers(Workers):
 
     # -- messages --------------------------------------------------------------------------------
     def _call_locked(self, rec: ActorRecord, kind: str, mtype: int, task: int, fmt: int,
-                     payload: bytes) -> None:
+                     payload: bytes, serial: bool = False) -> None:
         rec.last_sent = time.monotonic()
-        ref = rec.handle.handle.remote(mtype, task, fmt, payload)
+        ref = rec.handle.handle.remote(mtype, task, fmt, int(serial), payload)
         rec.calls.append(Call(ref, kind, task, rec.last_sent))
 
-    def send_task(self, worker_id: int, task: int, index, one_at_a_time: bool = False) -> bool:
-        fmt, payload = protocol.encode_task(index, one_at_a_time)
+    def send_task(self, worker_id: int, task: int, index, serial: bool = False) -> bool:
+        fmt, payload = protocol.encode_index(index)
         with self._lock:
             rec = self._actors.get(worker_id)
             if rec is None:
                 return False
             if rec.waiting or not self._room.fits(worker_id):  # its batches fill its share
-                rec.waiting.append(Waiting(task, fmt, payload, time.monotonic()))
+                rec.waiting.append(Waiting(task, fmt, payload, serial, time.monotonic()))
             else:
-                self._call_locked(rec, "task", protocol.MSG_TASK, task, fmt, payload)
+                self._call_locked(rec, "task", protocol.MSG_TASK, task, fmt, payload, serial)
         return True
 
     def begin_epoch(self, worker_id: int, epoch: int, payload: bytes) -> bool:
@@ -171,7 +171,8 @@ class RayWorkers(Workers):
             for w, rec in self._actors.items():
                 while rec.waiting and self._room.fits(w):
                     t = rec.waiting.popleft()
-                    self._call_locked(rec, "task", protocol.MSG_TASK, t.task, t.fmt, t.payload)
+                    self._call_locked(rec, "task", protocol.MSG_TASK, t.task, t.fmt, t.payload,
+                                      t.serial)
                 if rec.waiting and self._room.expired(w, rec.waiting[0].since, now):
                     t = rec.waiting.popleft()
                     self._events.append(TaskFailed(w, t.task, self._room.limit_report(w)))
