@@ -34,6 +34,7 @@ class FakeWorkers:
         self.calls: list = []
         self.views: dict = {}
         self.accept = True  # what send_encoded_task answers
+        self.serial: dict = {}  # task number -> whether it was sent to load one at a time
         self._pids = iter(range(5000, 6000))
 
     def wait(self, timeout):
@@ -57,8 +58,9 @@ class FakeWorkers:
     def begin_epoch(self, slot, epoch, payload):
         self.calls.append(("begin_epoch", slot, epoch))
 
-    def send_encoded_task(self, slot, number, fmt, payload):
+    def send_encoded_task(self, slot, number, fmt, payload, serial=False):
         self.calls.append(("task", slot, number, payload))
+        self.serial[number] = serial
         return self.accept
 
     def kill(self, slot, hung):
@@ -129,8 +131,8 @@ def _group(n=2, limit=None):
     return g, pool, workers
 
 
-def _task(w, gen, task, index=b"\x01", seed=5, epoch=0, fmt=0):
-    return wire.Task(w, gen, task, fmt, index, seed, epoch)
+def _task(w, gen, task, index=b"\x01", seed=5, epoch=0, fmt=0, serial=False):
+    return wire.Task(w, gen, task, fmt, index, seed, epoch, serial)
 
 
 def _exited(slot, started=True, signum=9, code=None, task=None):
@@ -172,6 +174,15 @@ def test_a_task_starts_a_worker_which_takes_it_and_its_batch_goes_to_the_rank():
     assert pending.lent and not pending.discarded
     assert g.budget._busy == 0 and pool.tally[RANK_A] == 1
     assert g.board.counts["batches_yielded"] == 1
+
+
+def test_a_task_to_load_one_at_a_time_reaches_the_worker_so():
+    g, _, workers = _group()
+    g.attach(1, RANK_A)
+    g.add_task(1, _task(0, 1, 10))
+    g.add_task(1, _task(1, 1, 11, index=b"\x02", serial=True))
+    (_, plain, _), (_, serial, _) = workers.sent()
+    assert workers.serial == {plain: False, serial: True}
 
 
 def test_two_ranks_asking_for_the_same_task_get_one_load_and_the_same_batch():
