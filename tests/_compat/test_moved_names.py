@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import runpy
 import sys
 
 import pytest
@@ -58,3 +59,16 @@ def test_a_name_that_never_existed_is_still_an_import_error():
         importlib.import_module("stoker.engine.nothing_here")
     with pytest.raises(ImportError):
         importlib.import_module("stoker._nothing_here")
+
+
+@pytest.mark.filterwarnings("ignore:.stoker.tools.doctor. found in sys.modules")  # (in-process)
+def test_an_old_path_runs_as_python_m_runs_it(monkeypatch, capsys):
+    """``python -m stoker.doctor`` (0.2's path of a module with a ``__main__`` block) runs the
+    module at its new path, whose relative imports resolve there."""
+    monkeypatch.setattr(sys, "argv", ["stoker.doctor", "--help"])
+    # as in a fresh interpreter, where nothing imported the old name yet
+    monkeypatch.delitem(sys.modules, "stoker.doctor", raising=False)
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("stoker.doctor", run_name="__main__")
+    assert e.value.code == 0
+    assert "usage: stoker doctor" in capsys.readouterr().out

@@ -62,7 +62,7 @@ MOVED = {
     "engine.events": "wire.events",
     "engine.fdpass": "wire.fdpass",
     "engine.fetch": "worker.fetch",
-    "engine.gate": "common.gate",
+    "engine.gate": "worker.gate",
     "engine.inflight": "worker.inflight",
     "engine.process": "worker.process",
     "engine.protocol": "wire.protocol",
@@ -131,6 +131,26 @@ class _Alias(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         if self.spec is not None:  # the import system set the alias's spec on the module
             module.__spec__ = self.spec
+
+    # runpy's (``python -m stoker.doctor``: an old path of a module with a ``__main__`` block).
+    # runpy runs the code it gets in a namespace whose package is the old name's parent, where
+    # the module's relative imports would not resolve: the code it gets runs the module at its
+    # new path instead, under the name runpy chose (``__main__``).
+    def _shim(self) -> str:
+        return ("import runpy as _runpy\n"
+                f"_runpy.run_module({self.target!r}, run_name=__name__, "
+                "alter_sys=__name__ == '__main__')\n")
+
+    def get_code(self, fullname):
+        if self.target is None:
+            return None
+        return compile(self._shim(), f"<stoker: {fullname} is {self.target}>", "exec")
+
+    def get_source(self, fullname):
+        return None if self.target is None else self._shim()
+
+    def is_package(self, fullname) -> bool:
+        return self.target is None
 
 
 class Finder(importlib.abc.MetaPathFinder):
