@@ -136,3 +136,22 @@ def test_a_rank_told_by_a_pool_of_another_version_raises_naming_both(pair, monke
         "a pool from another stoker version is running for this job (name:j)")
     assert wire.recv(pool_end)[0] == wire.Release(0)  # (its hello went, in this version)
     nw._drop_conn()
+
+
+def test_a_rank_whose_pool_never_answers_names_an_older_pool(pair, monkeypatch):
+    """A pool of stoker 0.2 (node protocol 2) reads a newer frame as a broken pickle and never
+    answers: the rank says so once its patience ends, instead of retrying as if the pool had
+    ended."""
+    rank, pool_end = pair
+    monkeypatch.setattr(workers.rendezvous, "connect", lambda job: (rank, os.getpid()))
+    monkeypatch.setattr(workers.hello, "make", lambda config, n: (
+        wire.Release(0), types.SimpleNamespace(fds=lambda: [], close=lambda: None)))
+    monkeypatch.setattr(workers, "HELLO_TIMEOUT_S", 0.2)
+    nw = workers.NodeWorkers(types.SimpleNamespace(name="j", workers=2), 1)
+    with pytest.raises(EngineError) as info:
+        nw._join(object())
+    assert str(info.value).startswith(
+        "stoker: the node pool running for this job (name:j) took this loader but did not answer "
+        "in 0 s. A pool of an older stoker (node protocol 2 or earlier; this rank speaks "
+        f"{wire.VERSION})")
+    nw._drop_conn()

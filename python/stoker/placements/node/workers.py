@@ -114,8 +114,18 @@ class NodeWorkers(Workers):
                 raise ConnectionError("the node pool ended before it took this loader")
         finally:
             sealed.close()
+        if not wire.readable(conn.sock, HELLO_TIMEOUT_S):
+            # A pool answers at once, unless it cannot read this rank's frames at all: one of
+            # stoker 0.2 or earlier (node protocol 2) reads the header as a broken pickle.
+            raise EngineError(
+                f"stoker: the node pool running for this job ({self._job}) took this loader but "
+                f"did not answer in {HELLO_TIMEOUT_S:.0f} s. A pool of an older stoker (node "
+                f"protocol 2 or earlier; this rank speaks {wire.VERSION}) cannot read a newer "
+                "rank's messages: run every rank of a job with the same stoker; the other pool "
+                "(processes named stoker-pool) exits once its last rank has gone, or give this "
+                "job a name of its own (placement=stoker.Node(name=...)).")
         try:
-            got = wire.recv(conn.sock) if wire.readable(conn.sock, HELLO_TIMEOUT_S) else None
+            got = wire.recv(conn.sock)
         except wire.VersionMismatch as e:  # (the pool's answer, read no further than its header)
             raise EngineError(e.for_rank(self._job)) from None
         answer = got[0] if got is not None else None
