@@ -197,6 +197,47 @@ def test_a_stream_ended_behind_a_retried_failure_raises_it():
     assert f.fetch([None] * 4) == [0] and f.ended and f.skipped == [(None, "OSError: item 1")]
 
 
+class FailsThenEndsThenGoesOn:
+    """A hand-written iterator (not a generator): item 1 raises, then it says StopIteration,
+    and, asked again after that, it would go on with items it should never give."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.calls += 1
+        if self.calls == 1:
+            return 0
+        if self.calls == 2:
+            raise OSError("item 1")
+        if self.calls == 3:
+            raise StopIteration
+        return 99
+
+
+def test_a_stream_ended_behind_a_retried_failure_is_not_asked_again():
+    it = FailsThenEndsThenGoesOn()
+    f = StreamFetcher(it, True, False, LoadSettings("retry", 3))
+    with pytest.raises(OSError, match="item 1"):
+        f.fetch([None] * 4)
+    assert f.ended and it.calls == 3
+    with pytest.raises(StopIteration):
+        f.fetch([None] * 4)
+    assert it.calls == 3  # its end was recorded: no item after it
+
+
+def test_skip_all_records_every_sample_of_a_batch_that_could_not_be_collated():
+    f = MapFetcher([1, 2, 3], True, LoadSettings("skip"))
+    f.skip_all([0, 2], "collate failed: TypeError: x")
+    assert f.current == [0, 2]
+    assert f.skipped == [(0, "collate failed: TypeError: x"), (2, "collate failed: TypeError: x")]
+    f.skip_all(None, "collate failed")  # a stream's item has no index
+    assert f.skipped == [(None, "collate failed")]
+
+
 def test_fetcher_for_picks_by_kind():
     assert type(fetcher_for(0, [1], True, False, LoadSettings())) is MapFetcher
     assert type(fetcher_for(1, Stream(1), True, False, LoadSettings())) is StreamFetcher

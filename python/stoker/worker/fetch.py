@@ -112,6 +112,14 @@ class _Fetcher:
     def begin(self, index, task=None, serial: bool = False) -> Loading:
         raise NotImplementedError
 
+    def skip_all(self, index, reason: str) -> None:
+        """Records every sample of `index` (a list, one index, or None for a stream's item)
+        skipped for `reason`: what the loop does when a batch whose samples loaded could not
+        be collated under ``on_error="skip"`` (a collate failure is never retried: collating
+        again gives the same result)."""
+        self.current = index
+        self.skipped = [(i, reason) for i in (index if isinstance(index, list) else [index])]
+
     def fetch(self, index, task=None, serial: bool = False):
         """The samples of `index` (task number `task`), under the policy, all at once (no one
         starts anything ahead meanwhile)."""
@@ -286,7 +294,11 @@ class StreamFetcher(_Fetcher):
         if self.on_sample is not None:
             self.on_sample(None, None, self.stream_pos)
         self.stream_pos += 1
-        return next(self.iterator)
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            self.ended = True  # (also when a retry met it: the failure stands, the stream ended)
+            raise
 
     def begin(self, index, task=None, serial: bool = False) -> Loading:
         self.skipped = []
@@ -306,7 +318,6 @@ class StreamFetcher(_Fetcher):
             try:
                 ok, sample = self._policy(self._next_item, None, stream=True)
             except StopIteration:
-                self.ended = True
                 break
             if ok:
                 data.append(sample)

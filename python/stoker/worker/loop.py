@@ -324,14 +324,13 @@ class WorkerLoop:
         try:
             self._send(task, data, index if kind == MAP else None)
         except Exception as e:
-            self.fetcher.current = index if kind == MAP else None
+            index = index if kind == MAP else None
             if self.config.load.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
                 reason = f"collate failed: {type(e).__name__}: {protocol.safe_str(e)}"
-                self.fetcher.skipped = [(i, reason)
-                                        for i in (index if isinstance(index, list) else [index])]
+                self.fetcher.skip_all(index, reason)
                 self._report_skipped(task, dropped=True)
             else:
-                ep.send(MSG_ERROR, task, 0, self._error(e))
+                ep.send(MSG_ERROR, task, 0, protocol.encode_error(e, self.worker_id, index))
         del data
         ep.update_rss()
 
