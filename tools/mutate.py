@@ -40,7 +40,7 @@ STAGE = os.path.join(ROOT, "build", "mutate")
 # The modules mutated (paths under python/stoker).
 MODULES = [
     "worker/inflight.py",
-    "common/gate.py",
+    "worker/gate.py",
     "loader/resume/cursor.py",
     "loader/resume/position.py",
     "loader/resume/order.py",

@@ -41,7 +41,7 @@ from .datasets.per_worker import per_worker
 from .datasets.shared_list import SharedList
 from .datasets.worker_info import get_worker_info, sample_seed
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _compat.register()  # loaders pickled by stoker 0.1 name modules that are gone (stoker/_compat)
 

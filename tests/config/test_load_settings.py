@@ -49,6 +49,8 @@ def test_frozen_and_checked():
         s.threads = 8  # type: ignore[misc]
     with pytest.raises(ValueError, match="resolved"):
         LoadSettings(threads=None)
+    with pytest.raises(ValueError, match="resolved"):
+        LoadSettings(threads=True)  # (a bool is an int to isinstance, not a count)
     with pytest.raises(ValueError, match="on_error"):
         LoadSettings(on_error="ignore")
     assert LoadSettings("retry", 4).retries == 4 and LoadSettings("skip", 4).retries == 0

@@ -7,7 +7,8 @@
 It ``torch.save``s two loaders whose worker was killed (SIGKILL) loading index 5, which 0.1 then
 quarantined and skipped: a torch DataLoader served by ``stoker.enable()`` (its pickle names
 ``stoker._checkpoint`` before anything else of stoker) and a ``stoker.DataLoader``. It does not
-run against today's stoker (it checks it is 0.1); tests/test_saved_before.py reads its output.
+run against today's stoker (it checks it is 0.1); tests/_compat/test_saved_before.py reads its
+output.
 """
 
 import signal

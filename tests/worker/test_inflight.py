@@ -1,4 +1,4 @@
-"""The samples a worker loads at once (common/gate.py, worker/inflight.py, worker/fetch.py's
+"""The samples a worker loads at once (worker/gate.py, worker/inflight.py, worker/fetch.py's
 policies over them): each sample loaded once, never more than the width at once, a batch started
 ahead taken up whatever the width became. A fake load and no process: what a worker's main thread
 does, run on the test's thread. No timing: concurrency is shown with barriers and counters."""
@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from stoker.common.gate import Gate
 from stoker.config.load import LoadSettings, threads_for
 from stoker.worker.fetch import AllSkipped, MapFetcher
+from stoker.worker.gate import Gate
 from stoker.worker.inflight import InFlight
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
@@ -417,7 +417,7 @@ def test_the_interpreter_exits_with_a_gate_open():
     """A gate nobody closed (a single-process loader's, say) is closed as the interpreter exits:
     its threads end before finalization (as daemons they could be inside torch's C++ code then,
     and abort the process), and an idle gate does not keep the process from exiting."""
-    from stoker.common import gate as gate_module
+    from stoker.worker import gate as gate_module
 
     g = Gate(3)
     assert [f.result(WAIT_S) for f in [g.submit(lambda i: i, i) for i in range(6)]]

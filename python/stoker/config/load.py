@@ -50,6 +50,7 @@ class LoadSettings:
         if self.on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, got {self.on_error!r}")
         if not (self.threads == "auto" or (isinstance(self.threads, int)
+                                           and not isinstance(self.threads, bool)
                                            and 1 <= self.threads <= MAX_THREADS_PER_WORKER)):
             raise ValueError(f"threads must be resolved (an int in [1, "
                              f"{MAX_THREADS_PER_WORKER}] or 'auto'), got {self.threads!r}")

@@ -1,5 +1,6 @@
-"""Both ends of a worker's channel: what travels (``protocol``), how a spawned worker's start is
-sealed into one memfd (``sealed``) and descriptors are passed (``fdpass``), a stream's state
-(``stream_state``), and what a worker's messages become where its supervisor reads them
-(``events``, ``buffer_batch``). The worker side imports it to send; the training process and the
-node pool import it to receive."""
+"""What crosses a worker's channel, on the sender's side and the reader's: what travels
+(``protocol``), how a spawned worker's start is sealed into one memfd (``sealed``) and
+descriptors are passed (``fdpass``), a stream's state (``stream_state``), and what a worker's
+messages become where they are read (``events``, ``buffer_batch``, and the ``board`` that
+``stoker top`` reads). Workers import it to send; the training process, the node pool and
+``stoker top`` to read."""

@@ -25,9 +25,9 @@ import os
 import time
 from concurrent.futures import as_completed
 
-from ..common.gate import Gate
 from ..config.load import LoadSettings, is_async
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
+from .gate import Gate
 
 # "auto" widens while the worker's CPU time is below this share of its wall time
 WAITING_SHARE = 0.6

@@ -1,4 +1,4 @@
-"""stoker.common.gate: at most `width` loads at once on the gate's own threads. Concurrency is
+"""stoker.worker.gate: at most `width` loads at once on the gate's own threads. Concurrency is
 shown with events and barriers (each wait bounded), never with timing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stoker.common.gate import Gate
+from stoker.worker.gate import Gate
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
