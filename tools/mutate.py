@@ -41,6 +41,8 @@ STAGE = os.path.join(ROOT, "build", "mutate")
 MODULES = [
     "worker/inflight.py",
     "worker/gate.py",
+    "worker/fetch.py",
+    "config/load.py",
     "loader/resume/cursor.py",
     "loader/resume/position.py",
     "loader/resume/order.py",
@@ -50,6 +52,7 @@ MODULES = [
     "placements/node/streams.py",
     "placements/node/records.py",
     "placements/node/wire.py",
+    "placements/node/group.py",
     "wire/protocol.py",
     "common/advice.py",
 ]

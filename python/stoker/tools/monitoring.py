@@ -100,13 +100,35 @@ class LoaderCollector:
         yield from fams
 
 
+class MetricsServer:
+    """What ``serve_prometheus`` started: its ``registry``, the ``port`` it listens on, and
+    ``close()``, which stops the server and joins its thread (also on leaving a ``with``)."""
+
+    def __init__(self, registry, server, thread):
+        self.registry = registry
+        self.port = server.server_port
+        self._server, self._thread = server, thread
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def serve_prometheus(loader, port: int, addr: str = "0.0.0.0", name: str = "default"):
     """Serves ``loader``'s metrics at ``http://addr:port/metrics`` from a daemon thread (start it
-    after the loader has started its workers, or from the main process only). Returns the
-    registry used."""
+    after the loader has started its workers, or from the main process only: a process that
+    forks workers while the server's thread runs is warned). Returns a ``MetricsServer``
+    (``.registry``, ``.port``, ``.close()``); ``port=0`` takes a free one."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry()
     registry.register(LoaderCollector(loader, name))
-    start_http_server(port, addr=addr, registry=registry)
-    return registry
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(registry, server, thread)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -112,14 +112,17 @@ def test_prometheus_scrape_on_localhost():
     import stoker.tools.monitoring
     from scenario_datasets import Squares
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     loader = stoker.DataLoader(Squares(64), batch_size=4, num_workers=2, persistent_workers=True)
-    stoker.tools.monitoring.serve_prometheus(loader, port, addr="127.0.0.1", name="train")
-    for i, _ in enumerate(loader):
-        if i == 5:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    it = iter(loader)  # (its workers start before the server's thread)
+    with stoker.tools.monitoring.serve_prometheus(loader, 0, addr="127.0.0.1",
+                                                  name="train") as served:
+        for i, _ in enumerate(it):
+            if i == 5:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics",
+                                              timeout=10).read()
+    assert not any(t.name.startswith("Thread") and "serve_forever" in t.name
+                   for t in threading.enumerate())  # close() joined it
+    it._shutdown_workers()
     text = body.decode()
     assert 'stoker_batches_yielded_total{loader="train"} 6.0' in text, text
     assert 'stoker_worker_samples_total{loader="train",worker="1"}' in text
