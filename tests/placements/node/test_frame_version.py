@@ -155,3 +155,14 @@ def test_a_rank_whose_pool_never_answers_names_an_older_pool(pair, monkeypatch):
         "in 0 s. A pool of an older stoker (node protocol 2 or earlier; this rank speaks "
         f"{wire.VERSION})")
     nw._drop_conn()
+
+
+def test_the_mismatch_says_what_to_do_in_full():
+    assert wire.VersionMismatch(7, 3).for_rank("name:j") == (
+        "stoker: the node pool speaks protocol 7, this rank 3: a pool from another stoker "
+        "version is running for this job (name:j). Run every rank of a job with the same "
+        "stoker; the other pool (processes named stoker-pool) exits once its last rank has gone, "
+        "or give this job a name of its own (placement=stoker.Node(name=...)).")
+    assert str(wire.VersionMismatch(None, 3)) == (
+        "a node-pool frame of protocol ?, this process speaks 3")
+    assert "speaks protocol no version of it," in wire.VersionMismatch(None, 3).for_rank("j")
