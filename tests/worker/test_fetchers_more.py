@@ -262,7 +262,19 @@ def test_a_batch_that_cannot_start_says_it_is_over(closing):
     with pytest.raises(RuntimeError, match="status page"):
         f.begin([0, 1], 0)
     assert on_batch.calls == [([0, 1], 2), (None, 0)]
-    assert f.current is None
+    assert f.current == [0, 1]
+
+
+def test_an_error_starting_a_batch_names_that_batch_not_the_one_before(closing):
+    # (the loop reports `current` with the error: "while loading dataset index ...")
+    on_batch = Calls()
+    f = _map(closing, Items(), LoadSettings(threads=2), on_batch=on_batch)
+    assert f.fetch([0, 1], 0) == [0, 10] and f.current == [0, 1]
+    on_batch.calls.clear()
+    on_batch.fail_first = RuntimeError("can't start new thread")
+    with pytest.raises(RuntimeError, match="new thread"):
+        f.begin([2, 3], 1)
+    assert f.current == [2, 3]
 
 
 def test_a_batch_started_ahead_is_taken_up_by_its_task(closing):
