@@ -234,8 +234,11 @@ class MapFetcher(_Fetcher):
     def _begin_at_once(self, index, task, serial) -> Loading:
         """A batch's samples loaded at once (threads or coroutines), then each outcome under the
         policy in sampler order: the first failure (in that order) is the one raised, a retry
-        loads that sample again on its own, a skip is recorded in order."""
+        loads that sample again on its own, a skip is recorded in order. While they load,
+        `current` is the batch's index (an error starting them names this batch, not the one
+        before)."""
         fl = self.inflight
+        self.current = index
         progress = None
         if self.on_batch is not None:
             def progress(in_flight):
