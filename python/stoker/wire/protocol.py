@@ -72,7 +72,7 @@ class Task(NamedTuple):
     """A task message as a worker reads it: what the sampler yielded, and whether its samples
     load one at a time (``serial``, the message's word `b`)."""
 
-    index: object
+    index: object  # type: ignore[assignment]  # (shadows tuple.index: no one calls it here)
     serial: bool = False
 
 

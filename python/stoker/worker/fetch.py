@@ -26,6 +26,7 @@ from __future__ import annotations
 from ..config.load import LoadSettings
 from ..wire.protocol import safe_str
 from . import inflight
+from .inflight import InFlight
 
 MAP, ITERABLE = 0, 1
 
@@ -106,6 +107,7 @@ class _Fetcher:
         ok, value = attempt(load, self.settings, failed, stream)
         if ok:
             return True, value
+        assert isinstance(value, BaseException)  # (attempt's error, for a skipped sample)
         self.skipped.append((index, _reason(value)))
         return False, None
 
@@ -140,8 +142,10 @@ class MapFetcher(_Fetcher):
     """A map-style dataset's samples by index: a batch's at once on threads (or an async
     dataset's coroutines), one by one otherwise; ``__getitems__`` as torch calls it."""
 
+    inflight: InFlight  # (always one: made or carried in __init__)
+
     def __init__(self, dataset, auto_collation: bool, settings: LoadSettings, on_sample=None,
-                 on_batch=None, carried: inflight.InFlight | None = None):
+                 on_batch=None, carried: InFlight | None = None):
         """`on_sample(index, position, None)` is also called from the loading threads;
         `on_batch(index, in_flight)` from this thread before a batch loading at once and as
         each of its samples is done (with how many load at once now), `on_batch(None, 0)` once

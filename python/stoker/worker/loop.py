@@ -220,6 +220,7 @@ class WorkerLoop:
         ``result``). While they load at once on threads, each time one is done and places at
         the gate are free, the loop looks ahead (``_look_ahead``) until nothing more may
         start."""
+        assert self.fetcher is not None  # (made by prepare, before any task)
         loading = self._loading = self.fetcher.begin(index, task, serial)
         try:
             ahead = not serial
@@ -327,6 +328,7 @@ class WorkerLoop:
             index = index if kind == MAP else None
             if self.config.load.on_error == "skip" and not isinstance(e, SharedMemoryLimitError):
                 reason = f"collate failed: {type(e).__name__}: {protocol.safe_str(e)}"
+                assert self.fetcher is not None
                 self.fetcher.skip_all(index, reason)
                 self._report_skipped(task, dropped=True)
             else:
@@ -341,10 +343,10 @@ class WorkerLoop:
         outcome is then that error (a batch whose state is lost could not be resumed after);
         with `quiet`, a failure sends nothing (the outcome is an error anyway)."""
         f = self.fetcher
-        iterable = isinstance(f, StreamFetcher)
+        stream = f if isinstance(f, StreamFetcher) else None
         try:
-            state = stream_state.capture(self.dataset, f.iterator if iterable else None,
-                                         f.stream_pos if iterable else None, self._rng,
+            state = stream_state.capture(self.dataset, stream.iterator if stream else None,
+                                         stream.stream_pos if stream else None, self._rng,
                                          ended)
         except Exception as e:
             if quiet:
@@ -366,6 +368,7 @@ class WorkerLoop:
 
     def _report_skipped(self, task: int, dropped: bool) -> None:
         f = self.fetcher
+        assert f is not None  # (a task's outcome: the fetcher loaded it)
         if f.skipped or dropped:
             self.endpoint.send(MSG_SKIPPED, task, 1 if dropped else 0,
                                protocol.encode_skipped(f.skipped))

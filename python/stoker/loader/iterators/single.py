@@ -13,7 +13,7 @@ from ...config import seeding
 from ...config.load import LoadSettings, is_async
 from ...config.records import SkippedSample, records_of
 from ...wire import stream_state
-from ...worker.fetch import ITERABLE, MAP, AllSkipped, fetcher_for
+from ...worker.fetch import ITERABLE, MAP, AllSkipped, StreamFetcher, fetcher_for
 from ..gpu.last_mile import last_mile
 from ..resume.cursor import Cursor
 from .handout import Handout
@@ -110,6 +110,7 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
     def _set_stream(self, it, position: int) -> None:
         f = self._dataset_fetcher
         if isinstance(f, PolicyFetcher):
+            assert isinstance(f.fetcher, StreamFetcher)  # (only a stream has a position)
             f.fetcher.iterator = it
             f.fetcher.stream_pos = position
         else:

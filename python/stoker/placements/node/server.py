@@ -147,6 +147,7 @@ class Pool:
     def _group(self, m: wire.Hello, sealed, stdio) -> Group:
         """(Under the lock.) The group of `m`'s key: its board, its processes (none started:
         they start as its tasks need them) and its thread."""
+        assert self.budget is not None  # (join made it first)
         size = self.budget.limit
         # A board of its own: `stoker top` and `stoker doctor` see the pool and its workers
         # (their status pages carry its token), counted once for every rank it serves.

@@ -25,8 +25,12 @@ import os
 import select
 import socket
 import threading
+from typing import TYPE_CHECKING
 
 from . import deaths, wire
+
+if TYPE_CHECKING:
+    from .group import Group
 
 log = logging.getLogger("stoker")
 
@@ -39,7 +43,7 @@ class Session:
         self.cid = cid
         self.sock = sock
         self.pid = pid
-        self.group = None  # the Group it joined (group.py)
+        self.group: Group | None = None  # the Group it joined (group.py)
         self.outbox: collections.deque = collections.deque()  # (message, its own fd copies)
         self.ready = threading.Condition(threading.Lock())
         self.closed = False
