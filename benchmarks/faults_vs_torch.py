@@ -3,7 +3,7 @@
 Each scenario runs in its own process with a hard time limit (torch can hang), once per loader,
 and the table says what the user sees: the exception and the first line of its message, or that
 the run completed, or that it hung. Run: ``.venv/bin/python benchmarks/faults_vs_torch.py``
-(``--markdown`` prints a table for README.md).
+(``--markdown`` prints the table in docs/guide/failures.md).
 """
 
 from __future__ import annotations
