@@ -20,6 +20,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from node_datasets import Counted, Prints, Values, WithList  # noqa: E402
 
 
+def _write(path: str, out: dict) -> None:
+    """The report, whole or not at all: a test that waits for the file to exist reads it at
+    once (written in place, it was once read empty)."""
+    with open(path + ".part", "w") as f:
+        json.dump(out, f)
+    os.replace(path + ".part", path)
+
+
 def loader(ds, placement, replicas=None, rank=None, **kw):
     world = int(os.environ["WORLD_SIZE"]) if replicas is None else replicas
     r = int(os.environ["RANK"]) if rank is None else rank
@@ -93,13 +101,11 @@ def main():
                 elif scenario == "kill_self" and rank == 1:
                     os.kill(os.getpid(), signal.SIGKILL)
                 elif scenario == "hold":
-                    with open(f"{report}.{rank}.json", "w") as f:
-                        json.dump(out, f)
+                    _write(f"{report}.{rank}.json", out)
                     time.sleep(600)
         out["epochs"].append(got)
     out["deaths"] = [d.get("cause") for d in dl.stats().get("deaths", [])]
-    with open(f"{report}.{rank}.json", "w") as f:
-        json.dump(out, f)
+    _write(f"{report}.{rank}.json", out)
 
 
 if __name__ == "__main__":
