@@ -39,7 +39,7 @@ from .common.errors import (
 from .config.placement import Node, Ray
 from .datasets.per_worker import per_worker
 from .datasets.shared_list import SharedList
-from .datasets.worker_info import get_worker_info, sample_seed
+from .datasets.worker_info import get_worker_info, sample_generator, sample_seed
 
 __version__ = "0.3.0"
 
@@ -66,6 +66,7 @@ __all__ = [
     "WorkerHung",
     "get_worker_info",
     "per_worker",
+    "sample_generator",
     "sample_seed",
 ]
 

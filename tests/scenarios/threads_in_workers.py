@@ -158,6 +158,25 @@ class AsyncDrawn(Squares):
         return torch.rand(3, generator=g), i
 
 
+class FromItsGenerator(Squares):
+    """Two draws from stoker.sample_generator() with other samples' loads between them: the
+    second goes on from the first, on the sample's own generator."""
+
+    def __getitem__(self, i):
+        g = stoker.sample_generator()
+        a = torch.rand(2, generator=g)
+        time.sleep(0.002)  # other threads draw from theirs meanwhile
+        assert stoker.sample_generator() is g
+        return torch.cat([a, torch.rand(2, generator=g)]), i
+
+
+class AsyncFromItsGenerator(Squares):
+    async def __getitem__(self, i):
+        a = torch.rand(2, generator=stoker.sample_generator())
+        await asyncio.sleep(0.002)  # other samples' coroutines draw meanwhile
+        return torch.cat([a, torch.rand(2, generator=stoker.sample_generator())]), i
+
+
 class LoopBound(Squares):
     """An async client bound to the event loop it was made on (as aiohttp's session is)."""
 
@@ -266,6 +285,30 @@ def bit_identical_under_per_sample_seed():
                                generator=torch.Generator().manual_seed(7))
         other = [b[0] for b in dl]
         assert all(torch.equal(a, b) for a, b in zip(base, other)), ("async", threads)
+
+
+def same_draws_from_sample_generator():
+    """stoker.sample_generator() under seed="per_sample": the same draws whatever the threads,
+    the workers, or a dataset that awaits between its draws; each sample's differ."""
+    def run(dataset, threads, workers):
+        dl = stoker.DataLoader(dataset, batch_size=8, num_workers=workers, shuffle=True,
+                               seed="per_sample", threads_per_worker=threads,
+                               generator=torch.Generator().manual_seed(7))
+        return [b[0] for b in dl]
+
+    base = run(FromItsGenerator(), 1, 2)
+    rows = torch.cat(base)
+    assert len({tuple(r.tolist()) for r in rows}) == len(rows) == 64  # each sample its own
+    assert not torch.equal(rows[:, :2], rows[:, 2:])  # the second draw goes on from the first
+    for dataset, threads, workers in ((FromItsGenerator(), 8, 2), (FromItsGenerator(), 4, 0),
+                                      (FromItsGenerator(), "auto", 1),
+                                      (AsyncFromItsGenerator(), 8, 2),
+                                      (AsyncFromItsGenerator(), 4, 0)):
+        other = run(dataset, threads, workers)
+        assert all(torch.equal(a, b) for a, b in zip(base, other)), (dataset, threads, workers)
+    # without seed="per_sample" there is no sample's generator: torch's global one is used
+    plain = stoker.DataLoader(Squares(), batch_size=8)
+    assert stoker.sample_generator() is None and len(list(plain)) == 8
 
 
 def async_client_lives_with_the_worker():

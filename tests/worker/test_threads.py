@@ -21,6 +21,10 @@ def test_bit_identical_under_per_sample_seed():
     run_ok("threads_in_workers.bit_identical_under_per_sample_seed", timeout=120)
 
 
+def test_same_draws_from_sample_generator_at_any_thread_count():
+    run_ok("threads_in_workers.same_draws_from_sample_generator", timeout=120)
+
+
 @pytest.mark.parametrize("policy", ["raise", "skip", "retry"])
 def test_a_raising_sample_is_named(policy):
     run_ok("threads_in_workers.raising_sample_named", policy, timeout=120)

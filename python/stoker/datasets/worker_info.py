@@ -43,10 +43,15 @@ def get_worker_info():
 # thread, and each coroutine of an async dataset (asyncio runs each in a context of its own),
 # sees its own sample's.
 _sample: contextvars.ContextVar = contextvars.ContextVar("stoker_sample_seed", default=None)
+# The generators ``sample_generator()`` made for the sample being loaded ({device: generator}), in
+# the same context as its seed: a new sample starts with none.
+_generators: contextvars.ContextVar = contextvars.ContextVar("stoker_sample_generators",
+                                                            default=None)
 
 
 def set_sample_seed(seed) -> None:
     _sample.set(seed)
+    _generators.set(None)
 
 
 def sample_seed():
@@ -59,3 +64,33 @@ def sample_seed():
         rng = numpy.random.default_rng(stoker.sample_seed())
     """
     return _sample.get()
+
+
+def sample_generator(device="cpu"):
+    """Under ``seed="per_sample"``, a ``torch.Generator`` of the sample this thread (or coroutine)
+    is loading, seeded from ``sample_seed()``; else None (so ``generator=`` falls back to torch's
+    global generator, as without stoker). It is the sample's own: every call while that sample
+    loads returns the same generator (its draws go on from one call to the next), the next
+    sample gets a new one, and no other thread draws from it. Draws from it are the same
+    whatever ``num_workers`` and ``threads_per_worker``::
+
+        g = stoker.sample_generator()
+        angle = torch.empty(()).uniform_(-10, 10, generator=g)
+        i, j = torch.randint(0, 33, (2,), generator=g).tolist()
+
+    `device`: where the generator lives ("cpu", or "cuda" for draws made on a GPU).
+    """
+    seed = _sample.get()
+    if seed is None:
+        return None
+    made = _generators.get()
+    if made is None:
+        made = {}
+        _generators.set(made)
+    key = str(device)
+    g = made.get(key)
+    if g is None:
+        import torch
+
+        g = made[key] = torch.Generator(device=device).manual_seed(seed)
+    return g
