@@ -185,3 +185,46 @@ def test_bench_remote_runs_every_kind_of_row_with_checked_values():
         assert "error" not in r, r
         assert r["samples_per_s"] > 0 and r["pss_total_mb"] > 0 and r["processes"] == 3
     assert result["latency_ms"] == 5
+
+
+@pytest.mark.timeout(700)
+def test_bench_threads_runs_every_setting_on_the_interpreter_it_runs_on(tmp_path):
+    out = tmp_path / "threads.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "stoker", "bench", "--threads", "--workloads", "compute",
+         "--rounds", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    from stoker.tools.bench.threads import SETTINGS
+
+    assert sorted(r["label"] for r in data["runs"]) == sorted(s[0] for s in SETTINGS)
+    for r in data["runs"]:
+        assert "error" not in r, r
+        assert r["samples_per_s"] > 0 and r["pss_total_mb"] > 0, r
+        assert r["gil_enabled"] == getattr(sys, "_is_gil_enabled", lambda: True)()
+    rows = data["summary"]["workloads"]["compute"]["rows"]
+    assert rows["stoker 1w x2"]["at_once"] == 2, rows  # two samples at once, mid-run
+    assert "no worker, 2 threads / torch 2 workers" in p.stdout
+
+
+@pytest.mark.unit
+def test_bench_threads_ratios_are_taken_within_a_round():
+    from stoker.tools.bench.threads import summarize
+
+    def row(label, r, rate, pss=100.0):
+        return {"workload": "compute", "label": label, "round": r, "samples_per_s": rate,
+                "pss_total_mb": pss, "at_once": None, "gil_enabled": False}
+
+    runs = []
+    for r, scale in ((0, 1.0), (1, 3.0), (2, 2.0)):  # the machine's speed drifts between rounds
+        runs += [row("stoker 1w x1", r, 100 * scale), row("stoker 1w x2", r, 190 * scale),
+                 row("stoker 1w auto", r, 180 * scale), row("stoker 0w x2", r, 200 * scale, 50),
+                 row("torch 1w", r, 100 * scale), row("torch 2w", r, 200 * scale, 200)]
+    s = summarize(runs, ["compute"])["workloads"]["compute"]
+    assert s["two_threads_vs_one"] == pytest.approx(1.9)
+    assert s["no_worker_two_threads_vs_torch_2w"] == pytest.approx(1.0)
+    assert s["no_worker_pss_vs_torch_2w"] == pytest.approx(0.25)
+    assert s["best_fixed"] == "stoker 1w x2"
+    assert s["auto_vs_best_fixed"] == pytest.approx(180 / 190)

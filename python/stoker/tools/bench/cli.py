@@ -13,7 +13,7 @@ import statistics
 import sys
 
 from . import harness, peers
-from .workloads import WORKLOADS
+from .workloads import DEFAULT, WORKLOADS
 
 
 def _fmt(v, spec):
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="stoker bench", description=__doc__)
     ap.add_argument("--workers", type=int, default=2, help="num_workers (metadata uses 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of A/B alternation")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+    ap.add_argument("--workloads", default=",".join(DEFAULT),
                     help=f"comma-separated, from {','.join(WORKLOADS)}, and remote (samples "
                          "over HTTP: torch's 2, 8, 32 workers against stoker's threads and "
                          "async; not in the default list)")
@@ -195,6 +195,11 @@ def main(argv=None) -> int:
                          "fixed prefetch_factor 1, 2, 4, 8 against 'auto'")
     ap.add_argument("--autotune-batches", type=int, default=160,
                     help="batches per run of the num_workers scenario (the prefetch one runs 1000)")
+    ap.add_argument("--threads", action="store_true",
+                    help="only the thread scenarios (for a free-threaded Python): stoker's 1 "
+                         "worker at threads_per_worker 1, 2, auto and num_workers=0 with 2 "
+                         "threads, against torch's 1 and 2 workers, on --workloads (default "
+                         "decode,compute)")
     ap.add_argument("--main-cost", action="store_true",
                     help="only the main process's own CPU per batch and per tensor")
     ap.add_argument("--placement", choices=["local", "ray", "node"], default="local",
@@ -220,6 +225,20 @@ def main(argv=None) -> int:
         per_rank = args.rank_workers if args.rank_workers == "auto" else int(args.rank_workers)
         result = ranks.main(args.ranks, rounds=args.rounds, placements=placements,
                             rank_workers=per_rank)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
+    if args.threads:
+        from . import threads
+
+        chosen = tuple(w for w in args.workloads.split(",") if w)
+        if args.workloads == ",".join(DEFAULT):  # not given: the thread workloads
+            chosen = threads.WORKLOADS
+        unknown = [w for w in chosen if w not in WORKLOADS]
+        if unknown:
+            ap.error(f"unknown workloads: {unknown}")
+        result = threads.main(chosen, rounds=args.rounds)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

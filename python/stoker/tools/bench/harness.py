@@ -76,11 +76,14 @@ def total_pss(proc) -> int:
 RAY_ADDRESS_ENV = "STOKER_BENCH_RAY_ADDRESS"  # the cluster 'stoker-ray' runs on
 
 
-def make_loader(who, dataset, workload, workers, start_method=None):
+def make_loader(who, dataset, workload, workers, start_method=None, threads=None):
+    """`threads`: stoker's threads_per_worker (None: its default)."""
     import torch
 
     kwargs = dict(batch_size=workload.batch_size, num_workers=workers, shuffle=True,
                   generator=torch.Generator().manual_seed(0))
+    if threads is not None and who == "stoker":
+        kwargs["threads_per_worker"] = threads
     if start_method and workers > 0 and who in ("torch", "stoker"):
         kwargs["multiprocessing_context"] = start_method
     if workload.collate_fn is not None:
@@ -101,7 +104,8 @@ def make_loader(who, dataset, workload, workers, start_method=None):
     return peers.make(who, dataset, kwargs)
 
 
-def run_in_process(who: str, workload_name: str, workers: int, start_method=None) -> dict:
+def run_in_process(who: str, workload_name: str, workers: int, start_method=None,
+                   threads=None) -> dict:
     import gc
 
     import psutil
@@ -124,7 +128,7 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
     except (OSError, AttributeError):
         pass
     base_pss = me.memory_full_info().pss
-    loader = make_loader(who, dataset, wl, workers, start_method)
+    loader = make_loader(who, dataset, wl, workers, start_method, threads)
     consume = Consumer()
     t0 = time.perf_counter()
     it = iter(loader)
@@ -136,7 +140,7 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
     sys0 = _io_syscalls(pids)
     cpu0 = time.process_time()
     t1 = time.perf_counter()
-    batches, samples, pss, sys_mid = 0, 0, 0, 0
+    batches, samples, pss, sys_mid, at_once = 0, 0, 0, 0, None
     # Reading /proc for the counters costs the main process 10-20 ms per process (smaps): that
     # time is taken out of the timed window (wall and CPU), as it is no loader's.
     measuring_s = measuring_cpu = 0.0
@@ -153,6 +157,7 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
             if batches == middle:
                 pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
                 sys_mid = _io_syscalls(pids)
+                at_once = _at_once(loader) if who == "stoker" else None
             if batches == expected:  # the last batch: every worker has touched what it will
                 pss = total_pss(me)
             measuring_s += time.perf_counter() - m0
@@ -173,7 +178,20 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
         "syscalls_per_batch": (sys_mid - sys0) / max(1, expected // 2) if batches else None,
         "batch_bytes": n if batches else 0,
         "batches": batches,
+        "at_once": at_once,
+        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
     }
+
+
+def _at_once(loader):
+    """The most samples one of a stoker loader's workers loads at once now (mid-run: what
+    "auto" reached), from ``stats()``; None where it does not say (no worker process)."""
+    try:
+        workers = loader.stats().get("workers") or []
+    except Exception:
+        return None
+    counts = [int(w["in_flight"]) for w in workers if w.get("in_flight") is not None]
+    return max(counts) if counts else None
 
 
 def run_with_memory_baseline(who: str, workload: str, workers: int) -> dict:
@@ -223,11 +241,12 @@ def bound(workload: str, timeout: float = 300) -> dict:
 
 
 def run(who: str, workload: str, workers: int, timeout: float = 300,
-        start_method=None) -> dict:
+        start_method=None, threads=None) -> dict:
     """One measured run in a fresh interpreter."""
     try:
         res, stderr = in_fresh_interpreter(
-            "harness", "run_in_process", (who, workload, workers, start_method), timeout)
+            "harness", "run_in_process", (who, workload, workers, start_method, threads),
+            timeout)
     except subprocess.TimeoutExpired:
         return {"loader": who, "workload": workload, "error": f"timed out after {timeout} s"}
     if res is not None:

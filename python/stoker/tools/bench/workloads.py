@@ -122,6 +122,26 @@ class Metadata(Dataset):
         return torch.tensor([total, i])
 
 
+class Compute(Dataset):
+    """Pure-Python work of a few ms a sample (3-5 ms on a 2-core machine here) (integer arithmetic in a loop, no
+    C library that releases the GIL): what a dataset that computes in Python costs, and what
+    threads can only speed up on a free-threaded interpreter."""
+
+    STEPS = 40_000
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        h = i
+        for k in range(self.STEPS):
+            h = (h * 31 + k) & 0xFFFF_FFFF
+        return torch.tensor([h, i])
+
+
 @dataclass
 class Workload:
     name: str
@@ -134,12 +154,15 @@ class Workload:
     # the forms its dataset takes (make's argument): a bound is measured for each, the quickest
     # counts (metadata: a list of dicts for torch and the peers, a SharedList for stoker)
     forms: tuple = ("torch",)
+    in_default: bool = True  # run by a plain `stoker bench` (compute: only by --threads)
 
 
 WORKLOADS = {
     "image": Workload("image", lambda who: ImageTensors(64 * 80), 64, 64 * 80),
     "fields": Workload("fields", lambda who: ManyFields(64 * 200), 64, 64 * 200),
     "decode": Workload("decode", lambda who: JpegDecode(32 * 120), 32, 32 * 120),
+    "compute": Workload("compute", lambda who: Compute(32 * 40), 32, 32 * 40,
+                        in_default=False),
     "tokens": Workload("tokens", lambda who: Tokens(64 * 150), 64, 64 * 150, pad_tokens),
     # Small batches and enough of them that the timed window (after the first batch) is many
     # times the batches 4 workers have in flight when it opens: with 4 batches of 64 it timed
@@ -149,3 +172,5 @@ WORKLOADS = {
         workers=4, measure_memory=True, forms=("torch", "stoker"),
     ),
 }
+# the workloads a plain `stoker bench` runs
+DEFAULT = tuple(name for name, w in WORKLOADS.items() if w.in_default)
