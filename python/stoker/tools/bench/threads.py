@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from typing import Any
 
 from . import harness
 
@@ -72,7 +73,7 @@ def summarize(runs, workloads) -> dict:
     out: dict = {"gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
                  "python": sys.version.split()[0], "workloads": {}}
     for wl in workloads:
-        rows = {}
+        rows: dict[str, dict[str, Any]] = {}
         for label, *_ in SETTINGS:
             mine = [r for r in runs if r["workload"] == wl and r["label"] == label]
             ok = [r for r in mine if "error" not in r]
