@@ -14,7 +14,8 @@ Every iterator (multi-process or not) has one ``Cursor`` and tells it what happe
 - as tasks go and come (multi-process): ``sent(task)``, ``observe(event)`` for what workers send
   (a stream's state, an outcome), ``delivered(task)`` when the outcome reached the user;
   ``here()``, ``delivered_here(pos)`` and ``stream_state_here(state)`` for one process;
-  ``finished()`` at the end of the epoch;
+  ``finished()`` at the end of the epoch (a resumed epoch that yielded nothing says so, once, at
+  WARNING: the state was saved inside the loop after its last batch);
 - on a worker's death: ``restart_state(worker)``: can a new worker continue its stream, and from
   which state;
 - ``pending()``: ``load_state_dict`` ran after this iterator began (it must start over).
