@@ -41,10 +41,10 @@ def loader_kinds():
     return kinds
 
 
-def build(cls, workers=0, persistent=False, n=N):
+def build(cls, workers=0, persistent=False, n=N, batch_size=B, drop_last=False):
     kw = {"prefetch_factor": 4, "persistent_workers": persistent} if workers else {}
-    return cls(Augmented(n), batch_size=B, shuffle=True, num_workers=workers,
-               generator=torch.Generator().manual_seed(1), **kw)
+    return cls(Augmented(n), batch_size=batch_size, shuffle=True, num_workers=workers,
+               generator=torch.Generator().manual_seed(1), drop_last=drop_last, **kw)
 
 
 def run_resumes(cls, cuts, workers):
@@ -94,6 +94,36 @@ def end_of_epoch(cls):
     return got
 
 
+def other_batch_size(cls, drop_last, k=3, new=6):
+    """Batches of 4 (2 workers), stopped after `k`; resumed with batches of `new`."""
+    first = build(cls, 2, drop_last=drop_last)
+    it = iter(first)
+    got = as_lists(next(it) for _ in range(k))
+    sd = first.state_dict()
+    del it
+    loader = build(cls, 2, batch_size=new, drop_last=drop_last)
+    loader.load_state_dict(sd)
+    got += as_lists(loader)  # the rest of epoch 1, in batches of `new`
+    got += as_lists(loader)  # epoch 2, the new loader's own
+    return got
+
+
+def other_batch_size_reference(cls, drop_last, k=3, new=6):
+    """The saved epoch's order (an uninterrupted run's, 2 workers), its rest cut into batches
+    of `new` (the last short, or dropped under drop_last), then an uninterrupted run's epoch 2
+    with batches of `new`."""
+    whole = as_lists(build(cls, 2))
+    order = [[i for b in whole for i in b[n]] for n in range(len(whole[0]))]
+    out = whole[:k]
+    rest = [col[k * B:] for col in order]
+    for at in range(0, len(rest[0]), new):
+        if not drop_last or at + new <= len(rest[0]):
+            out.append([col[at:at + new] for col in rest])
+    fresh = build(cls, 2, batch_size=new, drop_last=drop_last)
+    as_lists(fresh)
+    return out + as_lists(fresh)
+
+
 def same_values_any_workers(cls):
     return as_lists(build(cls, 0)) + as_lists(build(cls, 3))
 
@@ -112,7 +142,14 @@ SCENARIOS = [
     ("augmentation values equal, 0 vs 3 workers", same_values_any_workers, True),
     ("augmentation values equal after a 2 -> 3 workers resume",
      lambda c: run_resumes(c, [3], [3]), True),
+    ("resume 4 -> 6 batch size (2 workers)", lambda c: other_batch_size(c, False), False),
+    ("resume 4 -> 6 batch size, drop_last=True (2 workers)",
+     lambda c: other_batch_size(c, True), False),
 ]
+REFERENCES = {"resume 4 -> 6 batch size (2 workers)":
+              lambda c: other_batch_size_reference(c, False),
+              "resume 4 -> 6 batch size, drop_last=True (2 workers)":
+              lambda c: other_batch_size_reference(c, True)}
 
 
 def verdict(got, ref, values: bool) -> str:
@@ -163,7 +200,8 @@ def main():
         row = [name]
         for cls in kinds.values():
             try:
-                row.append(verdict(fn(cls), reference(cls, fn), values))
+                ref = REFERENCES[name](cls) if name in REFERENCES else reference(cls, fn)
+                row.append(verdict(fn(cls), ref, values))
             except Exception as e:
                 row.append(f"{type(e).__name__}: {str(e).splitlines()[0][:100]}")
         rows.append(row)

@@ -145,6 +145,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         serve.forget_closed_iterator(self)
         return super().__iter__()
 
+    def __len__(self) -> int:
+        # torch's count, except while an epoch resumed under another batch size or world size
+        # is loaded or under way: the batches it had delivered plus those of its rest.
+        n = checkpoint.epoch_length(self, records_of(self))
+        return super().__len__() if n is None else n
+
     # -- checkpoint and resume (loader/resume/) ----------------------------------------------------------
     def state_dict(self) -> dict:
         """Where this loader is: the epoch, the batches of it the user has received, what
@@ -159,6 +165,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         ``DistributedSampler``, a list of the states of all ranks of the saved job resumes on
         another number of ranks: the rest of the epoch is split among them (loader/resume/elastic.py)."""
         checkpoint.set_state(self, records_of(self), state_dict)
+
+    @staticmethod
+    def delivered_all(state_dict) -> bool | None:
+        """Whether the epoch a state was saved in had delivered every batch: True when it was
+        saved after the loop ended (``state_dict["finished"]``: a resume begins the next epoch)
+        or inside the loop after the epoch's last batch (a resume finishes that epoch, yielding
+        nothing, with a warning); False when batches were left; None when the loader could not
+        tell (an IterableDataset mid-epoch). Reads states of earlier releases too."""
+        return checkpoint.delivered_all(state_dict)
 
     def _get_iterator(self):
         return serve.new_iterator(self, self.options, "stoker.DataLoader")

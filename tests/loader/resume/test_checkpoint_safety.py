@@ -98,9 +98,24 @@ def _own_sampler(**kw):
                              generator=torch.Generator().manual_seed(5), **kw)
 
 
+def _rebatched(**kw):
+    """A map-style loader of batches of 3 that resumed a state saved with batches of 4: its
+    epoch's state has a layer (``rebatch``)."""
+    first = _map()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    sd = first.state_dict()
+    del it
+    loader = stoker.DataLoader(Augmented(40), batch_size=3, shuffle=True, seed="per_sample",
+                               generator=torch.Generator().manual_seed(1), **kw)
+    loader.load_state_dict(sd)
+    return loader
+
+
 KINDS = {"map": (_map, 1, 3), "skipping": (_skipping, 0, 4), "stateful_stream":
          (_stateful_stream, 0, 4), "stream": (_stream, 0, 3), "ranked": (_ranked, 0, 2),
-         "own_sampler": (_own_sampler, 1, 2)}
+         "own_sampler": (_own_sampler, 1, 2), "rebatched": (_rebatched, 0, 2)}
 
 
 def _saved(kind, **kw):
@@ -143,6 +158,7 @@ def _resumed(kind, sd):
 def test_every_state_is_plain_data_and_resumes_exactly(kind):
     sd, want = _saved(kind)
     _assert_plain(sd)
+    assert (sd["rebatch"] is not None) == (kind == "rebatched")
     assert _resumed(kind, sd) == want
 
 

@@ -23,7 +23,7 @@ import torch
 from ...common.indices import plain_index
 from ...config.records import SkippedSample
 from ...wire import stream_state
-from . import elastic, validate
+from . import elastic, rebatch, validate
 from . import order as _order
 from .position import point_of
 from .state import State, check_digest, check_distributed, check_fingerprint, fingerprint
@@ -43,13 +43,14 @@ def get_state(loader, records, options) -> dict:
         distributed=elastic.describe(loader),
     )
     if point.pending is not None:  # loaded, not iterated yet: the same state again
-        return st.replace(**point.pending.position_part()).to_dict()
+        return _told(st.replace(**point.pending.position_part()), loader)
     rec = point.current
     if rec is None or rec.epoch != records.epoch:
         # No epoch begun in this process, or a finished state was loaded since: its workers'
         # states, which the next epoch's workers carry on from.
-        return st.replace(worker_states=tuple(sorted(point.carry.items())),
-                          workers=point.carry_workers, **_next_epoch(loader, point)).to_dict()
+        return _told(st.replace(worker_states=tuple(sorted(point.carry.items())),
+                                workers=point.carry_workers, **_next_epoch(loader, point)),
+                     loader)
     d = rec.delivered
     out = st.replace(
         epoch=rec.epoch, finished=d.finished, position=d.prefix,
@@ -59,11 +60,44 @@ def get_state(loader, records, options) -> dict:
         worker_states=tuple((w, stream_state.plain(v))
                             for w, v in sorted(rec.streams.received.items())),
         last_worker=rec.streams.last_worker, workers=rec.workers,
-        sampler_states=dict(rec.sampler_states),
+        sampler_states=dict(rec.sampler_states), rebatch=rec.rebatch,
     )
     if d.finished:
         out = out.replace(**_next_epoch(loader, point))
-    return out.to_dict()
+    return _told(out, loader)
+
+
+def _told(st: State, loader) -> dict:
+    """The state as a document, saying whether its epoch had delivered every batch."""
+    return st.replace(delivered_all=rebatch.all_delivered(st, loader)).to_dict()
+
+
+def delivered_all(sd) -> bool | None:
+    """Whether the epoch of state `sd` (a ``state_dict()``, of this release or an earlier one)
+    had delivered every batch: True when it was saved after the loop ended (``finished``: a
+    resume begins the next epoch) or inside the loop after the last batch (a resume finishes
+    that epoch, yielding nothing); False when batches were left; None when the loader could not
+    tell (a stream, a sampler without a length). For a list of ranks' states (an elastic
+    resume): whether all of them had."""
+    if isinstance(sd, (list, tuple)):
+        each = [delivered_all(one) for one in sd]
+        return None if None in each else all(each)
+    st = State.from_dict(sd)
+    validate.check_fields(st)
+    return st.delivered_all
+
+
+def epoch_length(loader, records) -> int | None:
+    """``len(loader)`` while a resumed epoch whose batches are not the loader's own (another
+    batch size, another world size) is loaded or under way: the batches received before the
+    resume plus those of its rest. None: the loader's own length."""
+    point = point_of(records)
+    if point.pending is not None:
+        return rebatch.length(point.pending, loader)
+    rec = point.current
+    if rec is not None and rec.epoch == records.epoch and not rec.delivered.finished:
+        return rec.length
+    return None
 
 
 def _next_epoch(loader, point) -> dict:
@@ -99,10 +133,15 @@ def set_state(loader, records, sd) -> None:
         state = State.from_dict(sd)
         validate.check_fields(state)
         check_distributed(state.distributed, elastic.describe(loader))
-    check_fingerprint(state.loader, fingerprint(loader), resized)
+    here = fingerprint(loader)
+    why = rebatch.why_not(state, here)
+    check_fingerprint(state.loader, here, resized, rebatch.as_saved(state, here, loader, why),
+                      why)
     validate.check_against(state, loader)
     if not resized:
         check_digest(sd)
+    # Another batch size: the rest of the saved epoch in this loader's batches (rebatch.py).
+    state = rebatch.convert(state, loader)
     point = point_of(records)
     records.set_skipped(SkippedSample(i, r, e) for i, r, e in state.skipped)
     records.quarantined = set(state.quarantined)

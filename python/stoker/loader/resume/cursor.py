@@ -14,7 +14,8 @@ Every iterator (multi-process or not) has one ``Cursor`` and tells it what happe
 - as tasks go and come (multi-process): ``sent(task)``, ``observe(event)`` for what workers send
   (a stream's state, an outcome), ``delivered(task)`` when the outcome reached the user;
   ``here()``, ``delivered_here(pos)`` and ``stream_state_here(state)`` for one process;
-  ``finished()`` at the end of the epoch;
+  ``finished()`` at the end of the epoch (a resumed epoch that yielded nothing says so, once, at
+  WARNING: the state was saved inside the loop after its last batch);
 - on a worker's death: ``restart_state(worker)``: can a new worker continue its stream, and from
   which state;
 - ``pending()``: ``load_state_dict`` ran after this iterator began (it must start over).
@@ -36,8 +37,8 @@ from torch.utils.data import IterableDataset
 from ...common.errors import StateMismatchError
 from ...wire import stream_state
 from ...wire.events import StreamState, is_outcome
-from . import elastic
 from . import order as _order
+from . import rebatch
 from .position import EpochPosition, SamplerStream, point_of
 
 log = logging.getLogger("stoker")
@@ -226,10 +227,10 @@ class Cursor:
                 # epoch, its state is the one it ended the last with.
                 rec.streams.received = stream_state.into_next_epoch(previous.streams.received)
         rec.workers = loader.num_workers
-        if rec.order is not None:  # an epoch resumed elastically: this rank's share of the rest
-            s = loader.sampler
-            sampler_iter = elastic.batches(elastic.share(rec.order, s.num_replicas, s.rank),
-                                           loader)
+        if rec.order is not None or rec.rebatch is not None:
+            # An epoch resumed elastically (this rank's share of the rest) or under another
+            # batch size (the rest of the sampler's order, in this loader's batches).
+            sampler_iter = rebatch.batches_of(loader, rec.order, rec.rebatch)
         self.record = rec
         self._stream = SamplerStream(sampler_iter, rec)
         start.sampler_iter = self._stream
@@ -243,6 +244,9 @@ class Cursor:
         _order.set_generators(loader, rec.generators)
         rec.sampler_epoch = pending.sampler_epoch
         rec.order = pending.order
+        rec.rebatch = pending.rebatch
+        rec.length = rebatch.length(pending, loader)
+        rec.resumed_at = pending.batches_yielded
         now = _order.sampler_epoch(loader)
         if now != rec.sampler_epoch:
             raise StateMismatchError(
@@ -336,7 +340,18 @@ class Cursor:
             self.record.streams.received[0] = state
 
     def finished(self) -> None:
-        self.record.delivered.finished = True
+        rec = self.record
+        assert rec is not None, "an epoch ends after it began"
+        d = rec.delivered
+        d.finished = True
+        if rec.resumed_at is not None and d.yielded <= rec.resumed_at:
+            # A state saved inside the loop after the epoch's last batch: its rest was empty.
+            log.warning(
+                "stoker: epoch %d yielded nothing: the state loaded was saved inside the loop "
+                "after that epoch's last batch, so this iteration finished epoch %d. Iterate the "
+                "loader again for epoch %d, or save the state after the loop ends (it then "
+                "resumes with the next epoch); DataLoader.delivered_all(state) tells which a "
+                "state is.", rec.epoch, rec.epoch, rec.epoch + 1)
 
     def restart_state(self, worker_id: int):
         """(whether a new worker in place of `worker_id` can continue its work exactly, the

@@ -10,6 +10,10 @@ An epoch that was itself resumed elastically has an explicit global order (``ord
 padded for its world size), recorded in every rank's state, so a job can be resized again in
 the middle of the same epoch.
 
+Each saved rank's delivered positions are counted in that rank's own batches (the saved batch
+size, over the rest its layer left if its epoch had been re-batched: ``layout.py``), so the new
+job may have another batch size too: the rest is cut into its batches.
+
 The rest is split as ``DistributedSampler`` splits: padded with its own first samples to a
 multiple of W' (those few are delivered twice, as the sampler's own padding is), or, when the
 sampler has ``drop_last=True``, cut to a multiple of W'. Each rank must get as many samples,
@@ -24,6 +28,7 @@ import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from ...common.errors import StateMismatchError
+from . import layout
 
 
 def describe(loader) -> dict | None:
@@ -73,17 +78,6 @@ def batches(rank_list, loader):
     return iter(BatchSampler(items, loader.batch_size, loader.drop_last))
 
 
-def _delivered_samples(st, n_samples: int, batch_size) -> list[int]:
-    """Positions (within the rank's list) of the samples whose batches the user received."""
-    if st.finished:
-        return list(range(n_samples))
-    b = batch_size or 1
-    out = []
-    for p in list(range(st.position)) + list(st.delivered_after):
-        out.extend(range(p * b, min((p + 1) * b, n_samples)))
-    return out
-
-
 def merge(loader, states):
     """The state (``state.State``) this rank resumes from, given the states of all ranks of the
     saved job."""
@@ -128,12 +122,18 @@ def merge(loader, states):
                  if getattr(st, k) != getattr(first, k)]
         diffs += [k for k in ("seed", "shuffle", "drop_last")
                   if st.distributed[k] != first.distributed[k]]
+        diffs += [k for k in ("batch_size",) if st.loader.get(k) != first.loader.get(k)]
         if diffs:
             raise StateMismatchError(
                 f"stoker: the ranks' states disagree on {', '.join(diffs)} (rank 0 and rank "
                 f"{st.distributed['rank']}): they were not saved at the same point of one "
                 "job. Use the states of one checkpoint."
             )
+    b = first.loader.get("batch_size")
+    if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+        raise StateMismatchError(
+            f"stoker: the saved job's batch_size is {b!r}, not a batch size: the checkpoint was "
+            "edited or made by another tool. Nothing was loaded.")
     for k in ("seed", "shuffle", "drop_last"):
         if first.distributed[k] != here[k]:
             raise StateMismatchError(
@@ -145,7 +145,7 @@ def merge(loader, states):
         distributed=dict(here),
         skipped=tuple(s for st in states for s in st.skipped),
         quarantined=tuple(sorted({q for st in states for q in st.quarantined}, key=repr)),
-        batches_yielded=0, position=0, delivered_after=(),
+        batches_yielded=0, position=0, delivered_after=(), rebatch=None, delivered_all=None,
         # Another rank's share goes to each rank: no worker continues one of the saved ones.
         worker_states=(), last_worker=None, workers=None)
     if all(st.finished for st in states):
@@ -154,8 +154,10 @@ def merge(loader, states):
     delivered = np.zeros(len(order), dtype=bool)
     for r, st in enumerate(states):
         n_r = len(range(r, len(order), w))
-        for j in _delivered_samples(st, n_r, loader.batch_size):
-            delivered[r + j * w] = True
+        # (positions counted in the batches of the loader that saved it, over the rest its own
+        # layer left if that epoch had been re-batched: not in this loader's batch size)
+        j = np.flatnonzero(layout.delivered_mask(st, st.loader.get("batch_size"), n_r))
+        delivered[r + j * w] = True
     rest = split(order[~delivered], here["num_replicas"], here["drop_last"])
     # DistributedSampler draws from its own seed, not torch's RNG.
     return merged.replace(finished=False, order=rest.astype(np.int64).tobytes(), torch_rng=None)

@@ -67,6 +67,9 @@ class EpochPosition:
     sampler_epoch: int | None = None
     sampler_states: dict = field(default_factory=dict)  # stateful samplers, as the epoch began
     order: bytes | None = None  # an elastic resume's explicit global order
+    rebatch: dict | None = None  # resumed under another batch size: what was delivered before
+    length: int | None = None  # its batches, when they are not the loader's own (len(loader))
+    resumed_at: int | None = None  # resumed mid-epoch: the batches received before the resume
     delivered: Delivered = field(default_factory=Delivered)
     streams: Streams = field(default_factory=Streams)
     # Replaying a resumed epoch: the first draw happens under torch_rng; positions already

@@ -20,7 +20,13 @@
   ``last_worker`` (the worker of the last batch received) and ``workers`` (the num_workers
   they were taken with: only the same number restores them);
 - stateful samplers: ``sampler_states`` ({path: state} as the epoch began) and
-  ``sampler_states_now`` (when the state was taken).
+  ``sampler_states_now`` (when the state was taken);
+- ``rebatch``: an epoch resumed under another batch size: the positions its sampler's order
+  (or this rank's share of ``order``) had delivered before (``layout.py``); ``position`` then
+  counts batches of the saving loader's size over the rest;
+- ``delivered_all``: whether the epoch had delivered every batch (True when ``finished``, and
+  for a state saved inside the loop after the last batch; None when the loader could not
+  tell). Informative: ``DataLoader.delivered_all(state)`` reads it, of older states too.
 
 Every value is plain data (``common.plain``: ints, strings, tuples, dicts, and whatever plain data a
 dataset's own state holds): ``torch.save`` with ``torch.load(weights_only=True)`` and
@@ -31,10 +37,12 @@ when JSON turns tuples into lists and int keys into strings. ``from_dict`` refus
 what is not a state (a missing or unknown key, another version); ``validate.py`` checks every
 field against the loader it is loaded into.
 
-Version 2 keeps streams' and samplers' states as plain data, its buffers as bytes (still
-read). A version-1 state (stoker 0.1)
-pickled each stream's state: it is read with an unpickler that builds nothing but plain values
-(``common.plain.loads_plain``), so a crafted one is refused before any of it runs.
+Version 4 added ``rebatch`` and ``delivered_all``; a version-3 state loads with neither (no
+layer; ``delivered_all`` worked out from its position and fingerprint). Version 2 keeps
+streams' and samplers' states as plain data, its buffers as bytes (still read). A version-1
+state (stoker 0.1) pickled each stream's state: it is read with an unpickler that builds
+nothing but plain values (``common.plain.loads_plain``), so a crafted one is refused before any
+of it runs.
 
 Pure values and functions; any thread.
 """
@@ -45,18 +53,20 @@ import dataclasses
 import pickle
 from dataclasses import dataclass, field
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from ...common.errors import StateMismatchError
 from ...common.plain import b64decode, b64encode, digest, loads_plain
 from . import order
 
-VERSION = 3
-READS = (1, 2, 3)  # the versions this release loads
+VERSION = 4
+READS = (1, 2, 3, 4)  # the versions this release loads
 # The fields that are buffers: bytes in a State, base64 text in a version-3 document.
 _BUFFER = ("torch_rng", "order", "next_torch_rng")
 _BUFFERS = ("generators", "generators_now")
 _SINCE_3 = ("workers", "next_torch_rng", "next_base_seed")  # (None in an older state)
+_SINCE_4 = ("rebatch", "delivered_all")
+_SINCE = {3: _SINCE_3, 4: _SINCE_4}  # version -> the fields it added
 
 
 @dataclass(frozen=True)
@@ -87,12 +97,16 @@ class State:
     # (its workers keep it).
     next_torch_rng: bytes | None = None
     next_base_seed: int | None = None
+    # An epoch resumed under another batch size: {"prefix": p, "also": (...)}, the positions
+    # of its base sequence delivered before (layout.py). None: its batches are the sampler's.
+    rebatch: dict | None = None
+    delivered_all: bool | None = None  # every batch of the epoch delivered (None: unknown)
 
     # The fields that say where an epoch is (what a loaded state resumes, and a resumed one
     # reports until it is iterated); the rest describe the loader and its records.
     POSITION = ("epoch", "finished", "position", "delivered_after", "batches_yielded",
                 "base_seed", "torch_rng", "generators", "sampler_epoch", "order",
-                "worker_states", "last_worker", "workers", "sampler_states")
+                "worker_states", "last_worker", "workers", "sampler_states", "rebatch")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -118,14 +132,18 @@ class State:
             sd = _from_version_1(sd)
         elif version >= 3:
             sd = _from_json_form(sd)
-        if version < 3:
-            later = [k for k in _SINCE_3 if k in sd]
+        for since, added in _SINCE.items():
+            if version >= since:
+                continue
+            later = [k for k in added if k in sd]
             if later:  # a later state relabelled: its digest would not cover them
                 raise StateMismatchError(
                     f"stoker: this state says version {version} but has {', '.join(later)}, "
-                    "which only version 3 has: it was edited or made by another tool. Nothing "
-                    "was loaded.")
-            sd = {**sd, **dict.fromkeys(_SINCE_3)}
+                    f"which only version {since} and later have: it was edited or made by "
+                    "another tool. Nothing was loaded.")
+            sd = {**sd, **dict.fromkeys(added)}
+        if version < 4:
+            sd["delivered_all"] = _delivered_all_before_4(sd)
         keys = cls.keys()
         missing = [k for k in keys if k not in sd]
         if missing:
@@ -144,6 +162,21 @@ class State:
 
     def position_part(self) -> dict:
         return {k: getattr(self, k) for k in self.POSITION}
+
+
+def _delivered_all_before_4(sd: dict) -> bool | None:
+    """A state saved before ``delivered_all`` existed: whether its epoch had delivered every
+    batch, as its own fields say (its position against the saved loader's batches per epoch;
+    None when they cannot say: a stream, an elastically resumed epoch)."""
+    if sd.get("finished") is True:
+        return True
+    fp = sd.get("loader")
+    batches = fp.get("batches_per_epoch") if isinstance(fp, dict) else None
+    position = sd.get("position")
+    if (sd.get("order") is not None or isinstance(batches, bool) or not isinstance(batches, int)
+            or isinstance(position, bool) or not isinstance(position, int)):
+        return None
+    return position >= batches
 
 
 def _from_json_form(sd: dict) -> dict:
@@ -171,6 +204,8 @@ def _from_json_form(sd: dict) -> dict:
                                      for p in out["worker_states"])
     if isinstance(out.get("loader"), dict):
         out["loader"] = {k: _tuples(v) for k, v in out["loader"].items()}
+    if isinstance(out.get("rebatch"), dict):
+        out["rebatch"] = {k: _tuples(v) for k, v in out["rebatch"].items()}
     return out
 
 
@@ -194,7 +229,9 @@ def check_digest(sd: dict) -> None:
             "(a hex string). The checkpoint was edited, truncated or made by another tool: "
             "nothing was loaded.")
     try:
-        now = digest({k: sd[k] for k in State.keys() if k not in _SINCE_3 or sd["version"] >= 3},
+        now = digest({k: sd[k] for k in State.keys()
+                      if all(k not in added or sd["version"] >= since
+                             for since, added in _SINCE.items())},
                      str_keys=sd["version"] >= 3)
     except TypeError as e:
         raise StateMismatchError(f"stoker: this state holds something that is not plain data "
@@ -274,8 +311,8 @@ def fingerprint(loader) -> dict:
         length = None if iterable else len(ds)
     except TypeError:
         length = None
-    try:
-        batches = None if iterable else len(loader)
+    try:  # (torch's count: a resumed epoch's len(loader) is its own, rebatch.length)
+        batches = None if iterable else DataLoader.__len__(loader)
     except TypeError:
         batches = None
     bs = loader.batch_sampler
@@ -294,24 +331,39 @@ def fingerprint(loader) -> dict:
     }
 
 
-def check_fingerprint(saved: dict, here: dict, elastic: bool = False) -> None:
+def check_fingerprint(saved: dict, here: dict, elastic: bool = False,
+                      rebatched: dict | None = None, note: str | None = None) -> None:
+    """Refuses a state whose loader orders its samples otherwise than `here`. `rebatched`: the
+    fingerprint this loader would have with the saved batch size, when the rest of the epoch
+    may be re-batched (rebatch.py): the state must match that one. `note`: why the batch size
+    may not change, added to a refusal."""
     # Resized (elastic): each rank has another share of the epoch, so another number of batches.
     ignore = ("batches_per_epoch",) if elastic else ()
-    diffs = [f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}"
-             for k in here if k not in ignore and _tuples(saved.get(k)) != _tuples(here.get(k))]
-    if "num_workers" in (d.split(":")[0] for d in diffs):
+    like = rebatched or here
+    if all(_tuples(saved.get(k)) == _tuples(like.get(k)) for k in here if k not in ignore):
+        return
+    differ = [(k, f"{k}: saved {saved.get(k)!r}, here {here.get(k)!r}")
+              for k in here if k not in ignore and _tuples(saved.get(k)) != _tuples(here.get(k))]
+    diffs = [d for _, d in differ]
+    if "num_workers" in (k for k, _ in differ):
         diffs.append("(an IterableDataset is iterated by each worker on its own, so its batches "
                      "depend on num_workers, and a stateful one's state is saved per worker, "
                      "each worker resuming its own state: resume it with the num_workers it "
                      "was saved with)")
-    if diffs:
-        raise StateMismatchError(
-            "stoker: this state was saved by a loader that orders its samples differently, so "
-            "resuming from it would repeat or lose samples. What differs:\n  - "
-            + "\n  - ".join(diffs)
-            + "\nBuild the loader as the saved run did (dataset, batch_size, drop_last, sampler, "
-            "generator), or start afresh without load_state_dict."
-        )
+    if rebatched is not None and _tuples(saved.get("batches_per_epoch")) != _tuples(
+            rebatched.get("batches_per_epoch")):
+        diffs.append(f"(with the saved batch_size this loader would make "
+                     f"{rebatched.get('batches_per_epoch')!r} batches an epoch: its sampler "
+                     "yields another number of samples than the saved loader's)")
+    if note:
+        diffs.append(note)
+    raise StateMismatchError(
+        "stoker: this state was saved by a loader that orders its samples differently, so "
+        "resuming from it would repeat or lose samples. What differs:\n  - "
+        + "\n  - ".join(diffs)
+        + "\nBuild the loader as the saved run did (dataset, batch_size, drop_last, sampler, "
+        "generator), or start afresh without load_state_dict."
+    )
 
 
 def check_distributed(saved: dict | None, here: dict | None) -> None:

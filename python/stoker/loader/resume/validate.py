@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler, IterableDataset
+from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset
 
 from ...common import rng_state
 from ...common.errors import StateMismatchError
 from ...common.plain import is_plain
-from . import elastic
 from . import order as _order
+from . import rebatch
 from .state import State
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -112,6 +112,20 @@ def check_fields(st: State) -> None:
         v = getattr(st, name)
         _expect(isinstance(v, dict) and all(isinstance(k, str) for k in v) and is_plain(v),
                 name, v, "a dict of samplers' states (plain data)")
+    _check_layer(st.rebatch)
+    _expect(st.delivered_all in (None, True, False), "delivered_all", st.delivered_all,
+            "None, True or False")
+
+
+def _check_layer(v) -> None:
+    if v is None:
+        return
+    ok = isinstance(v, dict) and set(v) == {"prefix", "also"} and _int(v["prefix"]) \
+        and v["prefix"] >= 0 and _seq(v["also"]) and all(_int(p) for p in v["also"]) \
+        and len(set(v["also"])) == len(v["also"]) and all(p > v["prefix"] for p in v["also"])
+    _expect(ok, "rebatch", v, "None or {prefix: an int >= 0, also: distinct int positions "
+            "beyond prefix} (the positions an epoch had delivered before its batch size "
+            "changed)")
 
 
 _WORKER_KEYS = {"dataset", "iterator", "self", "position", "rng", "ended"}
@@ -197,6 +211,15 @@ def check_against(st: State, loader) -> None:
         n = len(ds)
         _expect(bool(len(g) == 0 or (g.min() >= 0 and g.max() < n)), "order", st.order,
                 f"dataset indices in [0, {n})")
+    if st.rebatch is not None and not st.finished:
+        samples = rebatch.base_length(st.order, loader)
+        p, also = st.rebatch["prefix"], st.rebatch["also"]
+        _expect(not iterable and isinstance(loader.batch_sampler, BatchSampler), "rebatch",
+                st.rebatch, "None (this loader is not batched by torch's BatchSampler, "
+                "which a re-batched epoch needs)")
+        _expect(samples is None or (p + len(also) <= samples
+                                    and all(q < samples for q in also)),
+                "rebatch", st.rebatch, f"positions within the epoch's {samples} samples")
     if not st.finished and not iterable:
         batches = _batches_in_epoch(st, loader)
         if batches is not None:
@@ -207,12 +230,7 @@ def check_against(st: State, loader) -> None:
 
 
 def _batches_in_epoch(st: State, loader) -> int | None:
-    """How many batches the saved epoch has on this loader (None when it has no length)."""
-    if st.order is not None:
-        s = loader.sampler
-        share = elastic.share(st.order, s.num_replicas, s.rank)
-        return sum(1 for _ in elastic.batches(share, loader))
-    try:
-        return len(loader)
-    except TypeError:
-        return None
+    """How many batches the saved epoch has on this loader, in the batches of the loader that
+    saved it (None when it has no length)."""
+    return rebatch.epoch_batches(st.order, st.rebatch, loader,
+                                 st.loader.get("batch_size", loader.batch_size))
