@@ -33,7 +33,11 @@ def test_the_positions_a_states_batches_delivered():
     assert marked(layout.delivered_mask(st, 4, 14)) == [*range(8), 12, 13]  # a short last batch
     assert marked(layout.delivered_mask(st, None, 50)) == [0, 1, 3]  # batch_size=None: one each
     assert marked(layout.delivered_mask(state(), 4, 50)) == []
-    assert layout.delivered_mask(state(finished=True), 4, 6).tolist() == [True] * 6
+    finished = layout.delivered_mask(state(finished=True), 4, 6)
+    assert layout.layer_of(finished) == {"prefix": 6, "also": ()}  # a boolean mask, all of it
+    # batches delivered ahead, not the last of them: each is one batch's positions
+    st = state(position=1, delivered_after=(2, 4))
+    assert marked(layout.delivered_mask(st, 2, 20)) == [0, 1, 4, 5, 8, 9]
     # over the rest a layer leaves: [0, 3) and 5, 6 taken out; batches of 2 over 3, 4, 7, 8, ...
     layer = {"prefix": 3, "also": (5, 6)}
     st = state(position=2, delivered_after=(3,), rebatch=layer)
@@ -41,6 +45,9 @@ def test_the_positions_a_states_batches_delivered():
     # an also beyond every delivered batch stays marked
     st = state(position=1, rebatch={"prefix": 0, "also": (9,)})
     assert marked(layout.delivered_mask(st, 2, 20)) == [0, 1, 9]
+    # a position past the base sequence is not in it (the mask stops at its end)
+    st = state(position=1, rebatch={"prefix": 0, "also": (5,)})
+    assert marked(layout.delivered_mask(st, 2, 5)) == [0, 1]
 
 
 def test_the_layer_of_a_mask():
@@ -49,6 +56,7 @@ def test_the_layer_of_a_mask():
     assert layout.layer_of(np.ones(4, dtype=bool)) == {"prefix": 4, "also": ()}
     assert layout.layer_of(np.zeros(0, dtype=bool), (5, 2)) == {"prefix": 0, "also": (2, 5)}
     assert layout.layer_of(np.array([1, 0], dtype=bool), (1, 6)) == {"prefix": 1, "also": (6,)}
+    assert layout.layer_of(np.array([1, 0], dtype=bool), (2,)) == {"prefix": 1, "also": (2,)}
     assert layout.taken(None) == (0, ())
     assert layout.taken({"prefix": 2, "also": [5, 7]}) == (2, (5, 7))
 
@@ -76,6 +84,7 @@ def test_the_batches_of_the_rest():
 def test_counts():
     assert layout.rest_length(11, {"prefix": 2, "also": (4, 5, 20)}) == 7
     assert layout.rest_length(3, {"prefix": 5, "also": ()}) == 0
+    assert layout.rest_length(5, {"prefix": 1, "also": (3, 5)}) == 3  # 5 is past the end
     assert layout.rest_length(11, None) == 11
     assert layout.batch_count(7, 3, False) == 3
     assert layout.batch_count(7, 3, True) == 2
