@@ -187,7 +187,7 @@ def stream(b):
 
 STREAM_REASON = (
     "(this IterableDataset has no state of its own: stoker resumes it by reading each worker's "
-    "stream again and dropping the {k} batches you had received, and those are 4 samples each, "
+    "stream again and dropping {k} you had received, and those are 4 samples each, "
     "which a loader with batch_size=3 does not know how to drop. Resume with batch_size=4 until "
     "the epoch ends, or give the dataset (or the iterator its __iter__ returns) state_dict() "
     "and load_state_dict(state), so that each worker's stream continues from its position "
@@ -198,11 +198,11 @@ def test_a_stream_without_state_is_refused_once_it_delivered():
     _, sd = take(stream(4), 2)
     said = refusal(stream(3), sd)
     assert "  - batch_size: saved 4, here 3\n" in said
-    assert STREAM_REASON.format(k=2) in said
+    assert STREAM_REASON.format(k="the 2 batches") in said
     stream(4).load_state_dict(sd)  # in its own batch size it resumes
     # a batch received ahead of the first (in_order=False): received all the same
     ahead = edited(sd, position=0, delivered_after=(1,), batches_yielded=1)
-    assert STREAM_REASON.format(k=1) in refusal(stream(3), ahead)
+    assert STREAM_REASON.format(k="the batch") in refusal(stream(3), ahead)
 
 
 def test_a_stream_without_state_loads_in_another_size_before_it_delivered():

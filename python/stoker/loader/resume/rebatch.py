@@ -77,9 +77,10 @@ def why_not(st, here: dict) -> str | None:
     positioned = any(stream_state.is_stream_state(v) for _, v in st.worker_states)
     if positioned or (st.batches_yielded == 0 and st.position == 0):
         return None
+    k = st.batches_yielded
+    got = "the batch" if k == 1 else f"the {k} batches"
     return (f"(this IterableDataset has no state of its own: stoker resumes it by reading each "
-            f"worker's stream again and dropping the {st.batches_yielded} batches you had "
-            f"received, and those are {b0} samples each, which a loader with batch_size={b1} "
+            f"worker's stream again and dropping {got} you had received, and those are {b0} samples each, which a loader with batch_size={b1} "
             f"does not know how to drop. Resume with batch_size={b0} until the epoch ends, or "
             "give the dataset (or the iterator its __iter__ returns) state_dict() and "
             "load_state_dict(state), so that each worker's stream continues from its position "
