@@ -1,6 +1,6 @@
 """Scenarios of tests/loader/iterators/test_busy_machine.py: a worker that computes, on a machine
-whose CPUs the test keeps busy (support/burner.py), each in a fresh interpreter (logging set up
-from the start)."""
+whose CPUs the scenario keeps busy (support/burner.py: its burners in its own session, where its
+loader runs), each in a fresh interpreter (logging set up from the start)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 import torch
 
 import stoker
+from support.burner import cpus_taken
 
 
 class Spins:
@@ -30,14 +31,22 @@ class Spins:
         return torch.tensor([i])
 
 
-def cpu_bound_worker(batches: int = 40, batch_size: int = 8, ms: float = 4.0):
-    """One worker, threads_per_worker="auto", a dataset that computes: prints, as JSON, how many
-    samples its status page said load at once as each batch arrived (the width "auto" gives it),
-    and stoker doctor's "waiting or computing" check taken at the last batch; the stall notice
-    goes to stderr."""
+def cpu_bound_worker(batches: int = 40, batch_size: int = 8, ms: float = 4.0, per_cpu: int = 6):
+    """One worker, threads_per_worker="auto", a dataset that computes, and `per_cpu` burners to
+    a CPU from before the loader starts until its epoch ends: prints, as JSON, how many samples
+    its status page said load at once as each batch arrived (the width "auto" gives it), stoker
+    doctor's "waiting or computing" check taken at the last batch and the CPUs its worker was
+    given (``LoadSettings.cpus``); the stall notice goes to stderr."""
+    logging.basicConfig(format="%(message)s")
+    with cpus_taken(per_cpu):
+        in_flight, check, cpus = _cpu_bound_epoch(batches, batch_size, ms)
+    print("RESULT " + json.dumps({"in_flight": in_flight, "doctor": check, "cpus": cpus}),
+          flush=True)
+
+
+def _cpu_bound_epoch(batches, batch_size, ms):
     from stoker.tools import doctor, top
 
-    logging.basicConfig(format="%(message)s")
     loader = stoker.DataLoader(Spins(batches * batch_size, ms), batch_size=batch_size,
                                num_workers=1, threads_per_worker="auto", stall_notice=0.3)
     it = iter(loader)
@@ -47,4 +56,4 @@ def cpu_bound_worker(batches: int = 40, batch_size: int = 8, ms: float = 4.0):
         if k == batches - 1:  # its workers still run: what stoker doctor sees of this loader
             mine = [ld for ld in top.snapshot() if ld["pid"] == os.getpid()]
             check = doctor.waiting_or_computing(mine)
-    print("RESULT " + json.dumps({"in_flight": in_flight, "doctor": check}), flush=True)
+    return in_flight, check, it._load.cpus

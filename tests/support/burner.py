@@ -2,10 +2,15 @@
 test (``cpus_taken``), for what must hold on a busy node (issue 50: a worker that computes is
 runnable but not running part of the time, and must not read as one that waits).
 
-The burners run at the test's own priority (they inherit its nice value, as the workers of the
-loader it starts do), on the CPUs it may use (its affinity, inherited), `per_cpu` to a CPU: a
-process of the loader then gets about 1 / (per_cpu + 1) of a CPU, and waits on the run queue for
-the rest, whatever else runs on the machine (other processes only take more).
+The burners run at their starter's priority (they inherit its nice value, as the workers of a
+loader do), on the CPUs it may use (its affinity, inherited), `per_cpu` to a CPU: a process of
+the loader then gets about 1 / (per_cpu + 1) of a CPU, and waits on the run queue for the rest,
+whatever else runs on the machine (other processes only take more). That holds only in the
+burners' own session: where the kernel groups processes by session (autogroup,
+``/proc/sys/kernel/sched_autogroup_enabled``) it shares the CPUs between sessions first, and a
+loader in a session of its own (a scenario: ``start_new_session``) would get its session's share
+whatever the burners in another one do. So the loader's process starts them (a scenario, in its
+own session), not the test.
 """
 
 from __future__ import annotations
