@@ -23,18 +23,47 @@ def _first(w: Width, cpu_s: float, runqueue_s: float = 0.0, size: int = 1000) ->
 
 
 # -- the run queue ------------------------------------------------------------------------------
-def test_time_on_the_run_queue_is_computing():
-    # on a CPU 30% of the time and runnable, waiting for one, 50%: it computes on a busy machine
-    w = _first(Width("auto", gil=True), 0.3, 0.5)
+def _alone(w: Width, cpu_share: float, runqueue_share: float = 0.0, wall_s: float = 1.0):
+    """`w`'s width now seen fresh, then judged over one batch of 1000 samples in `wall_s`."""
+    w.observe(1000, 1.0, 0.01)  # (fresh)
+    w.observe(1000, wall_s, cpu_share * wall_s, runqueue_share * wall_s)
+
+
+def test_a_worker_on_a_cpu_at_its_first_width_goes_to_one_thread_at_once():
+    w = _first(Width("auto", gil=True), 0.6, 0.0)
     assert (w.now, w.settled) == (1, True)
+
+
+def test_time_on_the_run_queue_is_computing_and_one_thread_alone_confirms_it():
+    # on a CPU 30% of the time and runnable, waiting for one, 50%: it computes on a busy
+    # machine, or its many threads that wait each woke late: one thread alone says which
+    w = _first(Width("auto", gil=True), 0.3, 0.5)
+    assert (w.now, w.settled) == (1, False)
+    _alone(w, 0.3, 0.65)  # alone, it is still on a CPU or waiting for one: it computes
+    assert (w.now, w.settled) == (1, True)
+    w.observe(1000, 1.0, 0.01)
+    assert w.now == 1
     # the same CPU without the run queue: it waits, and widens by the share it waited
     w = _first(Width("auto", gil=True), 0.3, 0.0)
     assert (w.now, w.settled) == (16, False)
 
 
+def test_threads_that_wait_on_io_on_a_busy_machine_widen_again_from_one_thread():
+    # 8 threads that wait on the network, each woken late on a busy machine: their run queue
+    # adds up to more than the wall time
+    w = _first(Width("auto", gil=True), 0.2, 1.8)
+    assert (w.now, w.settled) == (1, False)
+    _alone(w, 0.02, 0.1)  # one thread alone mostly sleeps: it waits (0.8 / 0.12: 6 times)
+    assert (w.now, w.settled) == (6, False)
+    _alone(w, 0.1, 0.5, wall_s=1 / 6)  # 6 times the samples per second; it computes now: with
+    assert (w.now, w.settled) == (12, False)  # its CPU busy, a doubling, as a waiting one's
+    _alone(w, 0.9, 0.0, wall_s=1 / 6)  # the doubling did not pay: back to 6
+    assert (w.now, w.settled) == (6, True)
+
+
 def test_the_run_queue_counts_at_the_waiting_share():
     w = _first(Width("auto", gil=True), 0.2, 0.4)  # exactly 0.6 of the wall time: computing
-    assert (w.now, w.settled) == (1, True)
+    assert (w.now, w.settled) == (1, False)
     w = _first(Width("auto", gil=True), 0.2, 0.39)  # just below: waiting
     assert w.now > 8
 

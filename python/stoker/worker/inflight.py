@@ -11,10 +11,11 @@ measured (the second batch at each width): it widens while the samples per secon
 worker waits (its threads are on a CPU, or waiting for one, well below its wall time: they wait on
 the network), and goes back to the narrower width when widening did not pay. Waiting for a CPU
 (the kernel's run queue, ``system.thread_runqueue_ns``: a machine whose cores are all taken) is
-computing, not waiting. A dataset that computes gets one thread where the GIL runs Python one
-thread at a time (more would only take turns); on a free-threaded interpreter its threads compute
-at once, and "auto" widens it from one thread while its samples per second rise, up to its share
-of the CPUs (``LoadSettings.cpus``).
+computing, not waiting; where only the run queue says so, one thread alone says which. A dataset
+that computes gets one thread where the GIL runs Python one thread at a time (more would only
+take turns); on a free-threaded interpreter its threads compute at once, and "auto" widens it
+from one thread while its samples per second rise, up to its share of the CPUs
+(``LoadSettings.cpus``).
 
 Thread contract: ``InFlight`` belongs to the thread that loads (the worker's main thread); the
 threads of its gate run only the sample loads handed to them, and call the dataset and the
@@ -57,16 +58,21 @@ class Width:
     "auto" starts at START. Each width is judged over the full batches after its first (which
     pays for what is new: threads, connections) that hold JUDGED_ROUNDS samples per thread:
     their samples per second (from one batch's end to the next's, as the worker delivers them),
-    and the worker's time on a CPU or on the run queue (``runqueue_s``: runnable while every CPU
+    and the worker's time on a CPU and on the run queue (``runqueue_s``: runnable while every CPU
     it may use was taken) against that wall time. At least WAITING_SHARE of it: the worker
-    computes. One that computes at its first width goes to one thread; with the GIL (`gil`) it
-    stays there, without it (free-threaded Python) it doubles from there while each doubling
-    raises the samples per second GAIN times, up to `cpus` threads (its share of the CPUs). One
-    that waits jumps by the share it waited (a worker on a CPU 5% of the time could run about 20
-    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to the
-    batch's size (MAX_THREADS at most); once its CPU is busy it tries doublings. Every widening
-    must raise the samples per second GAIN times: one that did not is undone (the width before,
-    and it stays): threads that wait for the GIL, not for I/O, are not widened."""
+    computes. One on a CPU that much by itself at its first width goes to one thread and stays
+    there where the GIL runs one thread at a time (`gil`). One that reaches the share only with
+    the run queue is judged again at one thread: on a busy machine a thread that computes waits
+    for a CPU, but so does each of many threads that wait on I/O as it wakes, and their sum can
+    pass the wall time; alone, a thread that waits on I/O shows it. Without the GIL (free-threaded
+    Python) a worker that computes at one thread doubles from there while each doubling raises
+    the samples per second GAIN times, up to `cpus` threads (its share of the CPUs); with it, it
+    stays at one. One that waits jumps by the share it waited (a worker on a CPU 5% of the time
+    could run about 20 times as many samples at once before its CPU is the limit; it takes JUMP
+    of that), up to the batch's size (MAX_THREADS at most); once its CPU is busy it tries
+    doublings. Every widening must raise the samples per second GAIN times: one that did not is
+    undone (the width before, and it stays): threads that wait for the GIL, not for I/O, are
+    not widened."""
 
     def __init__(self, setting, cpus: int = 1, gil: bool | None = None):
         """`cpus`: the CPUs this worker may keep busy (``LoadSettings.cpus``); `gil`: whether
@@ -77,13 +83,18 @@ class Width:
         self.gil = _system.gil_enabled() if gil is None else bool(gil)
         self._rate_at: dict[int, float] = {}
         self._before: int | None = None  # the width before the last widening
-        self._climbing = False  # computing from one thread up, threads running at once
+        self._from_one = False  # judged again from one thread (a worker that computes)
         self.settled = not self.auto
         self._size = 0  # the largest batch seen: only such batches judge a width
         # the first batch at a width pays for what the width is new to (connections opened,
         # threads started, imports): the next one measures it
         self._fresh = True
-        self._window = [0, 0.0, 0.0, 0]  # samples, wall s, CPU + run-queue s, batches
+        self._window = [0, 0.0, 0.0, 0.0]  # samples, wall s, CPU s, run-queue s
+
+    @property
+    def _computing_most(self) -> int:
+        """The most threads that compute at once: 1 under the GIL, else the worker's CPUs."""
+        return 1 if self.gil else self.cpus
 
     def observe(self, samples: int, wall_s: float, cpu_s: float, runqueue_s: float = 0.0) -> None:
         """One batch of `samples` took `wall_s`, of which the process's threads spent `cpu_s` on
@@ -95,16 +106,16 @@ class Width:
             return
         if self._fresh:
             self._fresh = False
-            self._window = [0, 0.0, 0.0, 0]
+            self._window = [0, 0.0, 0.0, 0.0]
             return
         win = self._window
         win[0] += samples
         win[1] += wall_s
-        win[2] += cpu_s + max(0.0, runqueue_s)
-        win[3] += 1
+        win[2] += cpu_s
+        win[3] += max(0.0, runqueue_s)
         if win[0] < JUDGED_ROUNDS * self.now:
             return
-        samples, wall_s, busy_s = win[0], win[1], win[2]
+        samples, wall_s, cpu_s, busy_s = win[0], win[1], win[2], win[2] + win[3]
         w = self.now
         rate = self._rate_at[w] = samples / wall_s
         computing = busy_s >= WAITING_SHARE * wall_s
@@ -113,21 +124,22 @@ class Width:
             self.now, self.settled = self._before, True  # the last widening did not pay
             return
         most = MAX_THREADS
-        if computing and before is None and not self._climbing:
-            # its first batches kept its CPU busy
-            if self.gil or self.cpus <= 1:
+        if computing and before is None and not self._from_one:
+            # its first batches kept it on a CPU or waiting for one
+            if self._computing_most == 1 and cpu_s >= WAITING_SHARE * wall_s:
                 self.now, self.settled = 1, True  # more threads would only share the GIL
                 return
-            # threads compute at once: from one thread up, while each doubling pays
-            self._climbing, self.now, self._fresh = True, 1, True
+            # judged again at one thread (see the class doc)
+            self._from_one, self.now, self._fresh = True, 1, True
             return
         if computing:
             factor = 2  # a doubling, as long as each one pays
-            if self._climbing:
-                most = self.cpus  # no more computing threads than its CPUs
+            if self._from_one:
+                most = self._computing_most  # computing threads: no more than its CPUs
         else:
             # a worker that waits jumps by the share it waited
             factor = max(2, int(JUMP * wall_s / max(busy_s, 1e-6)))
+            self._from_one = False
         wider = min(most, self._size, w * factor)
         if wider <= w:
             self.settled = True
