@@ -115,13 +115,14 @@ class Width:
         win[3] += max(0.0, runqueue_s)
         if win[0] < JUDGED_ROUNDS * self.now:
             return
-        samples, wall_s, cpu_s, busy_s = win[0], win[1], win[2], win[2] + win[3]
+        wall_s, cpu_s, busy_s = win[1], win[2], win[2] + win[3]
         w = self.now
-        rate = self._rate_at[w] = samples / wall_s
+        rate = self._rate_at[w] = win[0] / wall_s
         computing = busy_s >= WAITING_SHARE * wall_s
-        before = self._rate_at.get(self._before) if self._before is not None else None
-        if before is not None and rate < GAIN * before:
-            self.now, self.settled = self._before, True  # the last widening did not pay
+        last = self._before
+        before = self._rate_at.get(last) if last is not None else None
+        if last is not None and before is not None and rate < GAIN * before:
+            self.now, self.settled = last, True  # the last widening did not pay
             return
         most = MAX_THREADS
         if computing and before is None and not self._from_one:
