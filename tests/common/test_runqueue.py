@@ -28,6 +28,23 @@ def test_a_schedstat_line_is_cpu_then_run_queue_then_slices():
         assert _system.runqueue_ns(nothing) is None
 
 
+def test_a_schedstat_line_gives_cpu_and_run_queue_together():
+    assert _system.schedstat_ns("562926751 11241089 134\n") == (562926751, 11241089)
+    assert _system.schedstat_ns(b"0 0 0") == (0, 0)
+    for nothing in ("", None, b"", "12", "1 x 3", "x 1 3", "-1 2 3"):
+        assert _system.schedstat_ns(nothing) is None
+
+
+def test_cpu_and_run_queue_are_summed_over_the_threads_to_the_nanosecond(cgroup_tree):
+    _thread(cgroup_tree, 42, 42, "900000001 1000000000 5\n")
+    _thread(cgroup_tree, 42, 43, "100000000 500000000 2\n")
+    assert _system.thread_schedstat_ns(42) == {42: (900_000_001, 1_000_000_000),
+                                               43: (100_000_000, 500_000_000)}
+    cpu, queued = _system.schedstat_seconds(42)
+    assert cpu == pytest.approx(1.000000001, abs=1e-12) and queued == pytest.approx(1.5)
+    assert _system.schedstat_seconds(99) is None  # (gone)
+
+
 def test_every_thread_is_read_and_summed(cgroup_tree):
     _thread(cgroup_tree, 42, 42, "900 1000000000 5\n")
     _thread(cgroup_tree, 42, 43, "100 500000000 2\n")

@@ -128,6 +128,11 @@ def test_the_run_queue_is_the_views_unless_a_placement_reads_it():
     t.views[2] = WorkerView(102, 1.0, 2.0, 0.5, False, _status(), 0.25)
     assert t.runqueue_of(1) == 1.5 and t.runqueue_of(5) is None
     assert t.runqueue_seconds() == 1.75  # the known ones added up
+    # with the view's CPU, where the view has a run queue (a Ray actor's report)
+    assert t.schedstat_of(1) == (0.5, 1.5) and t.schedstat_of(0) is None
+    # a placement that reads the kernel itself (the local one) gives both: runqueue_of follows
+    t.schedstat_of = lambda w: (0.125, 0.75)
+    assert t.runqueue_of(0) == 0.75 and t.runqueue_seconds() == 2.25
 
 
 def test_mixed_routes_the_run_queue_and_takes_the_smaller_cpu_share(monkeypatch):
@@ -139,6 +144,9 @@ def test_mixed_routes_the_run_queue_and_takes_the_smaller_cpu_share(monkeypatch)
     m = Mixed(local, remote, split=2)
     assert (m.runqueue_of(3), m.runqueue_of(0), m.runqueue_of(2)) == (2.0, 0.5, None)
     assert m.runqueue_seconds() == 2.5
+    local.schedstat_of = lambda w: (9.0, 0.5)  # (the local placement reads the kernel)
+    assert (m.schedstat_of(3), m.schedstat_of(0), m.schedstat_of(2)) == ((0.5, 2.0), (9.0, 0.5),
+                                                                          None)
     monkeypatch.setattr(base._system, "rank_cpus", lambda: 16)
     remote.cpus_per_worker = lambda: 2
     assert local.cpus_per_worker() == 4 and m.cpus_per_worker() == 2

@@ -11,11 +11,12 @@ A placement implements eleven methods: five that change a worker's life (``start
 ``begin_epoch``), one wait for events, and three reads (``view``: one record per worker,
 ``capture_stack``, ``slot_usage``). Everything the iterator reports (``stats``, ``seconds_in``)
 is built here from those reads, once for every placement. Two more have defaults a placement
-may refine: ``runqueue_of`` (the seconds a worker waited for a CPU) and ``cpus_per_worker``
-(the CPUs one worker may keep busy, carried in ``LoadSettings.cpus``).
+may refine: ``schedstat_of`` (the seconds a worker was on a CPU and waited for one, from which
+``runqueue_of``) and ``cpus_per_worker`` (the CPUs one worker may keep busy, carried in
+``LoadSettings.cpus``).
 
 Thread contract: every method may be called by the thread that iterates; ``view``,
-``capture_stack``, ``slot_usage``, ``stats``, ``seconds_in``, ``runqueue_of``,
+``capture_stack``, ``slot_usage``, ``stats``, ``seconds_in``, ``schedstat_of``, ``runqueue_of``,
 ``runqueue_seconds``, ``where``, ``processes`` and ``shutdown`` may also be called from any other thread at any time (monitoring, ``__del__``), and
 an implementation must make them safe for that.
 """
@@ -213,14 +214,24 @@ class Workers(abc.ABC):
         known = [v.cpu_seconds for v in views if v is not None and v.cpu_seconds > 0]
         return sum(known) if known else None
 
-    def runqueue_of(self, worker_id: int) -> float | None:
-        """Seconds worker `worker_id`'s threads waited for a CPU (on the kernel's run queue:
-        runnable, every CPU it may use taken) since it started; None where the placement cannot
-        read it. A worker that waits for a CPU computes: the tuner, the data-stall notice and
-        ``stoker doctor`` count this time with its CPU seconds. Read when asked (a read per
-        thread), not with every ``view``."""
+    def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one: on the kernel's run queue, runnable, every
+        CPU it may use taken) of worker `worker_id`'s threads since it started; None where the
+        placement cannot read the run queue. Read when asked (a read per thread), not with
+        every ``view``. By default the view's (a Ray actor's own report); a local worker's from
+        ``/proc/PID/task/*/schedstat``, to the nanosecond (the view's CPU counts 10 ms ticks)."""
         v = self.view(worker_id)
-        return v.runqueue_seconds if v is not None else None
+        if v is None or v.runqueue_seconds is None:
+            return None
+        return v.cpu_seconds, v.runqueue_seconds
+
+    def runqueue_of(self, worker_id: int) -> float | None:
+        """Seconds worker `worker_id`'s threads waited for a CPU since it started (``schedstat_of``);
+        None where the placement cannot read it. A worker that waits for a CPU computes: the
+        tuner, the data-stall notice and ``stoker doctor`` count this time with its CPU
+        seconds."""
+        both = self.schedstat_of(worker_id)
+        return both[1] if both is not None else None
 
     def runqueue_seconds(self) -> float | None:
         """The running workers' ``runqueue_of`` added up; None when none is known."""

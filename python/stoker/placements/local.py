@@ -330,9 +330,9 @@ class LocalProcesses(Workers):
         stopped, cpu = _system.stopped_and_cpu(pid)
         return WorkerView(pid, started_at, last_sent, cpu, stopped, status)
 
-    def runqueue_of(self, worker_id: int) -> float | None:
+    def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
         v = self.view(worker_id)
-        return _system.runqueue_seconds(v.pid) if v is not None and v.pid else None
+        return _system.schedstat_seconds(v.pid) if v is not None and v.pid else None
 
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it

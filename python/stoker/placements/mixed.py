@@ -30,7 +30,7 @@ class Mixed(Workers):
     send_task, begin_epoch = _routed("send_task"), _routed("begin_epoch")
     set_memory_share, view = _routed("set_memory_share"), _routed("view")
     capture_stack, where = _routed("capture_stack"), _routed("where")
-    runqueue_of = _routed("runqueue_of")
+    runqueue_of, schedstat_of = _routed("runqueue_of"), _routed("schedstat_of")
 
     def __init__(self, local: Workers, remote: Workers, split: int):
         self.local, self.remote, self.split = local, remote, split
