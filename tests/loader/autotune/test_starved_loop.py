@@ -211,3 +211,37 @@ def test_the_count_needed_takes_a_workers_busy_time_per_batch_it_sent():
     # ...but they sent 200 (their queues filled): 5 ms a batch, and 5 keep up
     w.made = 200
     assert _autotune.needed(w) == 5
+
+
+def test_a_starved_loop_is_given_no_more_workers_that_compute_than_keep_pace():
+    # the first look of a loader that starts at 1 worker, on 2 CPUs with a core free: the loop
+    # waited for data 26% (the worker's start) and for a CPU 12%; a batch takes the worker
+    # 3 ms of CPU and 6.1 ms busy, the loop 3 ms: one keeps pace, and needed() would say 2
+    # (busy time per batch over the loop's step)
+    def first(main_rq):
+        return _window(stall=0.26, main_cpu=0.4, main_rq=main_rq, worker_cpu=0.5,
+                       worker_rq=0.05, busy=1.02, batches=4, made=5, first=True, seconds=0.03)
+
+    assert _autotune.needed(first(0.12)) == 2 and _autotune.keeping_pace(first(0.12)) == 1
+    t = _autotune.Tuner(bound=2, initial=1)
+    assert t.decide(first(0.12), 5) == 1 and [d.active for d in t.decisions] == [1]
+    # the same costs, the loop not starved (its run queue under STARVED): needed() decides
+    t = _autotune.Tuner(bound=2, initial=1)
+    assert t.decide(first(0.09), 5) == 2
+
+
+def test_the_first_look_adds_no_worker_without_a_free_core():
+    # one worker on 2 CPUs; the loop waited for data 46% of the window (not for a CPU), and
+    # the worker waited for a CPU half the time it was busy: the loop, the worker and their
+    # run queue took 1.6 of the 2 CPUs, none is free (as for one more worker later); needed()
+    # over the 2 usable CPUs would say 2
+    def first(worker_rq):
+        return _window(stall=0.46, main_cpu=0.5, main_rq=0.06, worker_cpu=0.5,
+                       worker_rq=worker_rq, batches=4, made=4, first=True, seconds=0.03)
+
+    assert _autotune.needed(first(0.52)) == 2
+    t = _autotune.Tuner(bound=2, initial=1)
+    assert t.decide(first(0.52), 5) == 1 and [d.active for d in t.decisions] == [1]
+    # a core free (the worker hardly waited for one): 2
+    t = _autotune.Tuner(bound=2, initial=1)
+    assert t.decide(first(0.1), 5) == 2

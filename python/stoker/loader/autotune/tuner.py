@@ -33,7 +33,11 @@ BATCHES`` batches from the first one delivered) and judged differently: from wha
 counting the run queue's time) the tuner computes the count that keeps up with the loop within
 the CPUs (``needed``) and goes there at once; a loop that waited for a CPU, and not for data
 (or only while the workers' queues filled: they sent a batch each more than it took), goes at
-once to the fewest workers that keep pace with it (``keeping_pace``). Later windows then
+once to the fewest workers that keep pace with it (``keeping_pace``), and a loop that waited
+for a CPU is given no more workers that compute than that. As for one more worker later, a
+core must be free (the pipeline on a CPU or its run queue less than the usable CPUs -
+``FREE_CORE``): a few batches' costs over the usable CPUs cannot tell that other processes
+took them. Later windows then
 refine it one worker at a time. What it decided is kept: the next
 epoch of the loader starts there, and so does the next loader of the same dataset in this
 process (``memory.py``).
@@ -266,7 +270,11 @@ class Tuner:
             return self.active
         if stall <= ADD_STALL or not w.batches or self.active >= self.bound:
             return self.active
-        k = min(self.bound, needed(w))
+        if w.usable_cpus - _cpu_s(w) / w.seconds < FREE_CORE:
+            return self.active  # no core free (as for one more worker later)
+        # (a loop starved of CPU: no more workers that compute than keep pace with it, whatever
+        # a few batches' costs say the CPUs fit)
+        k = min(self.bound, needed(w), keeping_pace(w))
         if k <= self.active:
             return self.active
         if w.memory_headroom is not None and w.memory_limit:
