@@ -62,3 +62,47 @@ def test_auto_is_told_to_set_a_number_above_the_batch():
 def test_the_share_scales_with_the_busy_time():
     assert _advice.waiting(1.5, 4.0) is True  # 37.5%
     assert _advice.waiting(2.5, 4.0) is False  # 62.5%
+
+
+# -- the run queue: waiting for a CPU is computing -------------------------------------------------
+def test_time_waiting_for_a_cpu_counts_as_computing():
+    assert _advice.waiting(0.3, 1.0) is True  # on a CPU 30%: waits
+    assert _advice.waiting(0.3, 1.0, 0.3) is False  # and runnable 30% more: computes
+    assert _advice.waiting(0.3, 1.0, 0.19) is True  # 49%
+    assert _advice.waiting(0.3, 1.0, 0.2) is False  # exactly half
+    assert _advice.waiting(0.3, 1.0, None) is True  # not known: CPU alone
+    assert _advice.waiting(0.3, 1.0, -5.0) is True  # (nonsense counts as none)
+    assert _advice.waiting(None, 1.0, 0.9) is False  # no CPU reading: never judged
+
+
+def test_crowded_is_a_quarter_of_the_busy_time_on_the_run_queue():
+    assert _advice.CROWDED_SHARE == 0.25
+    assert _advice.crowded(0.25, 1.0) is True
+    assert _advice.crowded(0.249, 1.0) is False
+    assert _advice.crowded(None, 1.0) is False
+    assert _advice.crowded(1.0, 0.0) is False and _advice.crowded(1.0, -1.0) is False
+
+
+def test_workers_on_a_crowded_machine_are_told_the_cpus_are_taken_not_to_raise_threads():
+    text = _advice.cpus_taken(0.4, 0.6, 1.0)
+    assert text.startswith("The workers compute, but this machine's CPUs are taken: of the time "
+                           "they were busy they were on a CPU 40% and waited for one 60% "
+                           "(runnable, on the kernel's run queue). More workers or threads "
+                           "would only wait longer. Run fewer"), text
+    assert "other ranks' workers or other jobs on this node" in text
+    assert "Raise" not in text
+    assert "CPU 100% and waited for one 0%" in _advice.cpus_taken(3.0, -1.0, 2.0)
+
+
+def test_the_stall_notice_picks_its_advice():
+    from stoker.loader.iterators.stats import advice
+
+    hint = "more num_workers"
+    assert advice("loading", 0.2, 1.0, 1, hint).startswith("The workers were on a CPU only 20%")
+    assert advice("loading", 0.2, 1.0, 1, hint, 0.7).startswith(
+        "The workers compute, but this machine's CPUs are taken")  # runnable 70%: computing
+    assert advice("collating", 0.2, 1.0, 1, hint, 0.7).startswith("The workers compute, but")
+    assert advice("loading", 0.9, 1.0, 1, hint, 0.05) == hint  # a quiet machine
+    assert advice("loading", 0.9, 1.0, 1, hint, None) == hint
+    assert advice("encoding", 0.2, 1.0, 1, hint) == hint  # (only loading is told threads)
+    assert advice("loading", None, 1.0, 1, hint, 0.7) == hint  # no CPU known: no judgment

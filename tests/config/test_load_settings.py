@@ -34,13 +34,32 @@ def test_made_from_options_with_threads_resolved_for_the_dataset():
     assert LoadSettings.of(Options(threads_per_worker="auto"), Plain()).threads == "auto"
 
 
-def test_every_field_comes_from_an_option():
-    """A field added here is read from Options by ``of`` (nothing carried beside it)."""
+def test_every_field_comes_from_an_option_or_the_placement():
+    """A field added here is read from Options by ``of``, or given to it (nothing carried beside
+    it): ``cpus``, each worker's share of the CPUs, is the placement's."""
     o = Options(on_error="skip", max_retries=0, threads_per_worker=3)
-    made = LoadSettings.of(o, Plain())
+    made = LoadSettings.of(o, Plain(), cpus=4)
     assert {f.name for f in dataclasses.fields(LoadSettings)} == {"on_error", "max_retries",
-                                                                  "threads"}
-    assert (made.on_error, made.max_retries, made.threads) == ("skip", 0, 3)
+                                                                  "threads", "cpus"}
+    assert (made.on_error, made.max_retries, made.threads, made.cpus) == ("skip", 0, 3, 4)
+    assert LoadSettings.of(o, Plain()).cpus == 1 and LoadSettings.of(o, Plain(), 0).cpus == 1
+
+
+def test_cpus_is_a_count():
+    for bad in (0, -1, True, 1.5, "2", None):
+        with pytest.raises(ValueError, match="cpus"):
+            LoadSettings(cpus=bad)
+    assert LoadSettings(cpus=64).cpus == 64
+
+
+def test_a_record_pickled_before_cpus_existed_loads_with_one():
+    """A LoadSettings pickled by a stoker without the field (its state: the fields it had) loads
+    with the default: what such a worker was given before."""
+    old = LoadSettings.__new__(LoadSettings)
+    object.__setattr__(old, "__dict__", {"on_error": "skip", "max_retries": 2, "threads": 4})
+    back = pickle.loads(pickle.dumps(old))
+    assert (back.on_error, back.max_retries, back.threads, back.cpus) == ("skip", 2, 4, 1)
+    assert back == LoadSettings("skip", 2, 4)
 
 
 def test_frozen_and_checked():

@@ -119,3 +119,64 @@ def test_mixed_waits_on_both_and_returns_none_after_its_timeout():
     remote.events.append(ev)
     assert m.wait(1.0) is ev
     assert m.wait(0.05) is None
+
+
+def test_the_run_queue_is_the_views_unless_a_placement_reads_it():
+    t = Table(3, running=[0, 1, 2])
+    assert t.runqueue_of(0) is None and t.runqueue_seconds() is None  # (no view knows it)
+    t.views[1] = WorkerView(101, 1.0, 2.0, 0.5, False, _status(), 1.5)  # (a Ray actor's report)
+    t.views[2] = WorkerView(102, 1.0, 2.0, 0.5, False, _status(), 0.25)
+    assert t.runqueue_of(1) == 1.5 and t.runqueue_of(5) is None
+    assert t.runqueue_seconds() == 1.75  # the known ones added up
+    # with the view's CPU, where the view has a run queue (a Ray actor's report)
+    assert t.schedstat_of(1) == (0.5, 1.5) and t.schedstat_of(0) is None
+    # a placement that reads the kernel itself (the local one) gives both: runqueue_of follows
+    t.schedstat_of = lambda w: (0.125, 0.75)
+    assert t.runqueue_of(0) == 0.75 and t.runqueue_seconds() == 2.25
+
+
+def test_mixed_routes_the_run_queue_and_takes_the_smaller_cpu_share(monkeypatch):
+    from stoker.placements import base
+
+    local, remote = Table(4, running=[0, 1], name="local"), Table(4, running=[2, 3], name="ray")
+    remote.views[3] = WorkerView(103, 1.0, 2.0, 0.5, False, _status(), 2.0)
+    local.views[0] = WorkerView(100, 1.0, 2.0, 0.5, False, _status(), 0.5)
+    m = Mixed(local, remote, split=2)
+    assert (m.runqueue_of(3), m.runqueue_of(0), m.runqueue_of(2)) == (2.0, 0.5, None)
+    assert m.runqueue_seconds() == 2.5
+    local.schedstat_of = lambda w: (9.0, 0.5)  # (the local placement reads the kernel)
+    assert (m.schedstat_of(3), m.schedstat_of(0), m.schedstat_of(2)) == ((0.5, 2.0), (9.0, 0.5),
+                                                                          None)
+    monkeypatch.setattr(base._system, "rank_cpus", lambda: 16)
+    remote.cpus_per_worker = lambda: 2
+    assert local.cpus_per_worker() == 4 and m.cpus_per_worker() == 2
+
+
+def test_each_worker_takes_its_share_of_the_cpus_this_process_may_use(monkeypatch):
+    from stoker.placements import base
+
+    monkeypatch.setattr(base._system, "rank_cpus", lambda: 16)
+    assert [Table(n, running=[]).cpus_per_worker() for n in (1, 2, 3, 16, 32, 0)] == [
+        16, 8, 5, 1, 1, 16]
+
+
+def test_ray_actors_take_what_each_asked_of_the_cluster():
+    from stoker.placements.ray.workers import RayWorkers
+
+    ray = RayWorkers.__new__(RayWorkers)  # (no cluster: only its spec is read)
+    for asked, share in ((1.0, 1), (4.0, 4), (2.5, 2), (0.5, 1)):
+        ray._spec = type("Spec", (), {"cpus_per_worker": asked})()
+        assert ray.cpus_per_worker() == share
+
+
+def test_the_node_pool_gives_its_workers_their_share_not_the_rank(monkeypatch):
+    from stoker.placements.node import budget
+    from stoker.placements.node.workers import NodeWorkers
+
+    # every rank says 1 (its hello's key must not differ by rank): the pool sets the share
+    assert NodeWorkers.cpus_per_worker(NodeWorkers.__new__(NodeWorkers)) == 1
+    monkeypatch.setattr(budget._system, "usable_cpus", lambda: 18)
+    assert budget.worker_cpus(4, 2) == 4  # 16 CPUs past the ranks' loops, 4 loading at once
+    assert budget.worker_cpus(16, 2) == 1 and budget.worker_cpus(40, 2) == 1
+    assert budget.worker_cpus(1, 0) == 17  # (at least one loop)
+    assert budget.worker_cpus(0, 1) == 17

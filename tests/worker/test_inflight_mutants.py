@@ -22,9 +22,8 @@ pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
 
 def test_the_constants():
-    assert (inflight.WAITING_SHARE, inflight.GAIN, inflight.LOSS, inflight.START,
-            inflight.JUMP, inflight.JUDGED_ROUNDS, inflight.MAX_THREADS) == (
-        0.6, 1.05, 0.75, 8, 0.8, 2, 256)
+    assert (inflight.WAITING_SHARE, inflight.GAIN, inflight.START, inflight.JUMP,
+            inflight.JUDGED_ROUNDS, inflight.MAX_THREADS) == (0.6, 1.1, 8, 0.8, 2, 256)
 
 
 def test_a_fixed_width_never_changes():
@@ -163,15 +162,19 @@ def test_a_jump_that_lost_is_undone():
     assert (w.now, w.settled) == (8, True)
 
 
-def test_a_jump_that_lost_little_goes_on():
-    w = _jump(75.0, 0.0)  # exactly LOSS of 100: not a loss
+def test_a_jump_that_did_not_gain_is_undone_though_the_worker_still_waits():
+    # threads that wait for what serves no more at once (the GIL held by a thread that waits,
+    # a full link): the samples per second do not rise, and the width goes back
+    w = _jump(109.999, 0.0)
+    assert (w.now, w.settled) == (8, True)
+    w = _jump(110.001, 0.0)  # gained GAIN: it goes on, by the share it waited
     assert (w.now, w.settled) == (256, False)
 
 
-def test_a_jump_that_made_the_cpu_busy_stays_unless_it_gained():
-    w = _jump(104.9, 0.6)
-    assert (w.now, w.settled) == (64, True)
-    w = _jump(105.0, 0.6)  # gained exactly GAIN: one doubling more
+def test_a_jump_that_made_the_cpu_busy_is_undone_unless_it_gained():
+    w = _jump(109.999, 0.6)
+    assert (w.now, w.settled) == (8, True)
+    w = _jump(110.001, 0.6)  # gained GAIN: one doubling more
     assert (w.now, w.settled) == (128, False)
 
 
@@ -188,16 +191,10 @@ def test_a_width_at_its_largest_settles():
     w.observe(16, 1.0, 0.01)  # (a larger batch: the size is 16 now)
     assert w.now == 16
     w.observe(16, 1.0, 0.01)  # (fresh)
-    w.observe(16, 1.0, 0.01)
+    w.observe(16, 0.5, 0.01)
     assert (w.now, w.settled) == (16, False)  # 16 samples: not two rounds of 16
-    w.observe(16, 1.0, 0.01)  # judged: it can go no wider than the batch
+    w.observe(16, 0.5, 0.01)  # judged (it gained): it can go no wider than the batch
     assert (w.now, w.settled) == (16, True)
-
-
-def test_best_is_the_width_with_the_highest_rate():
-    w = Width("auto")
-    w._rate_at = {8: 10.0, 64: 30.0, 128: 20.0}
-    assert w._best() == 64
 
 
 # -- settings -------------------------------------------------------------------------------------------
@@ -300,9 +297,9 @@ def test_a_batch_of_one_loads_on_this_thread():
 def test_the_width_is_observed_and_the_gate_resized():
     fl = InFlight(Plain(), at("auto"))
     seen = []
-    fl.width.observe = lambda n, wall, cpu: seen.append((n, wall >= 0, cpu >= 0))
+    fl.width.observe = lambda n, wall, cpu, rq: seen.append((n, wall >= 0, cpu >= 0, rq >= 0))
     fl.map(_load, list(range(10)))
-    assert seen == [(10, True, True)]
+    assert seen == [(10, True, True, True)]
     fl.width.now = 3
     fl.map(_load, list(range(4)))
     assert fl._gate.width == 3
@@ -477,8 +474,8 @@ def test_resolve():
 
 
 def test_now_is_the_clock_and_the_cpu():
-    (wall, cpu) = inflight._now()
-    assert wall > 0 and cpu >= 0
+    (wall, cpu, rq) = inflight._now()
+    assert wall > 0 and cpu >= 0 and rq == 0.0  # (the run queue only when asked)
     assert inflight._call(_load, 2) == (True, 4, None)
     ok, value, e = inflight._call_with((_load, "bad"))
     assert (ok, value) == (False, None) and isinstance(e, KeyError)
@@ -500,18 +497,23 @@ def test_resolve_on_a_loop_owner_returns_falsy_values_and_raises_the_error():
 
 
 class _Clock:
-    """inflight._now, made up: each call returns the next (wall, cpu)."""
+    """inflight._now, made up: each call returns the next (wall, cpu[, run queue]); what it was
+    asked (whether to read the run queue) is kept in ``asked``."""
 
     def __init__(self, *times):
         self.times = list(times)
+        self.asked = []
 
-    def __call__(self):
-        return self.times.pop(0)
+    def __call__(self, runqueue=False):
+        self.asked.append(runqueue)
+        t = self.times.pop(0)
+        return t if len(t) == 3 else (*t, 0.0)
 
 
-def _observed(fl):
+def _observed(fl, with_runqueue=False):
     seen = []
-    fl.width.observe = lambda n, wall, cpu: seen.append((n, wall, cpu))
+    fl.width.observe = lambda n, wall, cpu, rq: seen.append(
+        (n, wall, cpu, rq) if with_runqueue else (n, wall, cpu))
     return seen
 
 

@@ -81,10 +81,10 @@ def test_auto_widens_while_waiting_and_ignores_a_short_batch():
 
 
 @pytest.mark.unit
-def test_auto_keeps_a_jump_that_did_not_lose_and_undoes_one_that_did():
+def test_auto_keeps_a_jump_that_gained_and_undoes_one_that_did_not():
     from stoker.worker.inflight import Width
 
-    for rate_after, kept in ((0.95, True), (0.5, False)):
+    for rate_after, kept in ((1.5, True), (1.05, False), (0.5, False)):
         w = Width("auto")
         start = w.now
         _judge(w, 32, 0.2, 0.01)  # 160 samples/s, waiting

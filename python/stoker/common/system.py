@@ -9,7 +9,10 @@ the cgroup tree.
 - CPUs: the affinity mask capped by the cgroup's CPU quota; how many ranks of a job share this
   machine (their launcher's variables) and one rank's share of its CPUs.
 - A process: its state letter and its CPU seconds (``/proc/PID/stat``), its resident size
-  (``/proc/PID/statm``).
+  (``/proc/PID/statm``), and the seconds its threads waited on a run queue, runnable but not
+  running because every CPU it may use was taken (``/proc/PID/task/TID/schedstat``): waiting
+  for a CPU is computing, not waiting for I/O.
+- The interpreter: whether the GIL is on (``gil_enabled``).
 
 Plain functions over files, safe from any thread. The roots are module variables so that tests
 can point them at a fake tree.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 _V2_ROOT = "/sys/fs/cgroup"
 _V1_ROOT = "/sys/fs/cgroup/memory"
@@ -315,6 +319,82 @@ def stopped_and_cpu(pid) -> tuple[bool, float]:
     except (IndexError, ValueError):
         cpu = 0.0
     return fields[0] in ("T", "t"), cpu
+
+
+def schedstat_ns(text) -> tuple[int, int] | None:
+    """The first two fields of a ``schedstat`` line ("ns on a CPU, ns waiting on a run queue,
+    timeslices"), None when it is not one (an empty read, a kernel that says nothing)."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    parts = (text or "").split()
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def runqueue_ns(text) -> int | None:
+    """The second field of a ``schedstat`` line (``schedstat_ns``), None when it is not one."""
+    both = schedstat_ns(text)
+    return both[1] if both is not None else None
+
+
+def thread_schedstat_ns(pid="self") -> dict[int, tuple[int, int]] | None:
+    """(ns on a CPU, ns waiting on a run queue) of each thread of `pid` (this process by default)
+    since it started, by thread id; None when the kernel does not say (no ``schedstat``: a kernel
+    built without ``CONFIG_SCHED_INFO``) or `pid` is gone. A thread that ends while it is read is
+    left out. One ``listdir`` and one small read per thread: cheap enough for every batch of a
+    worker (about 5 us a thread)."""
+    try:
+        tids = os.listdir(f"{_PROC}/{pid}/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            fd = os.open(f"{_PROC}/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            continue  # (it ended since the listing, or there is no such file)
+        try:
+            both = schedstat_ns(os.read(fd, 128))
+        except OSError:
+            both = None  # (it ended between the open and the read: ESRCH)
+        finally:
+            os.close(fd)
+        if both is not None and tid.isdigit():
+            out[int(tid)] = both
+    return out or None
+
+
+def thread_runqueue_ns(pid="self") -> dict[int, int] | None:
+    """Nanoseconds each thread of `pid` waited on a run queue (``thread_schedstat_ns``)."""
+    per_thread = thread_schedstat_ns(pid)
+    return {t: both[1] for t, both in per_thread.items()} if per_thread is not None else None
+
+
+def schedstat_seconds(pid="self") -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds waiting on a run queue) of the live threads of `pid` (this
+    process by default), None when the kernel does not say. To the nanosecond (``/proc/PID/stat``
+    counts CPU in ticks: 10 ms). A sum over the threads now: what a thread that ended used is
+    not in it (so a difference of two readings is clamped at 0 by its users)."""
+    per_thread = thread_schedstat_ns(pid)
+    if per_thread is None:
+        return None
+    return (sum(b[0] for b in per_thread.values()) / 1e9,
+            sum(b[1] for b in per_thread.values()) / 1e9)
+
+
+def runqueue_seconds(pid="self") -> float | None:
+    """Seconds the live threads of `pid` (this process by default) waited on a run queue, None
+    when the kernel does not say (``schedstat_seconds``)."""
+    both = schedstat_seconds(pid)
+    return both[1] if both is not None else None
+
+
+def gil_enabled() -> bool:
+    """Whether this interpreter runs Python one thread at a time: True on a build with the GIL,
+    and on a free-threaded build (3.13t, 3.14t) where the GIL was turned back on (``PYTHON_GIL=1``,
+    or an extension that did not declare it can run without it)."""
+    return bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
 def resident_bytes(pid="self") -> int:

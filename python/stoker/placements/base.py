@@ -10,11 +10,14 @@ A placement implements eleven methods: five that change a worker's life (``start
 ``kill``, ``shutdown``) or send it a message (``send_task``, ``set_memory_share``,
 ``begin_epoch``), one wait for events, and three reads (``view``: one record per worker,
 ``capture_stack``, ``slot_usage``). Everything the iterator reports (``stats``, ``seconds_in``)
-is built here from those reads, once for every placement.
+is built here from those reads, once for every placement. Two more have defaults a placement
+may refine: ``schedstat_of`` (the seconds a worker was on a CPU and waited for one, from which
+``runqueue_of``) and ``cpus_per_worker`` (the CPUs one worker may keep busy, carried in
+``LoadSettings.cpus``).
 
 Thread contract: every method may be called by the thread that iterates; ``view``,
-``capture_stack``, ``slot_usage``, ``stats``, ``seconds_in``, ``where``, ``processes`` and
-``shutdown`` may also be called from any other thread at any time (monitoring, ``__del__``), and
+``capture_stack``, ``slot_usage``, ``stats``, ``seconds_in``, ``schedstat_of``, ``runqueue_of``,
+``runqueue_seconds``, ``where``, ``processes`` and ``shutdown`` may also be called from any other thread at any time (monitoring, ``__del__``), and
 an implementation must make them safe for that.
 """
 
@@ -23,6 +26,8 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
+
+from ..common import system as _system
 
 # hang_timeout bounds one sample, not a start-up: a worker that is still starting (importing
 # torch under spawn on a busy machine, a slow worker_init_fn) is only killed as stuck after this
@@ -57,6 +62,10 @@ class WorkerView:
     # loaded, ``task``, ``samples``, ``batches``, ``rss_bytes``, ``bytes_sent``, ``seconds_in``
     # (seconds per state).
     status: dict | None
+    # Seconds its threads waited for a CPU (runnable, on the kernel's run queue) since it
+    # started, where the view has it at no cost (a Ray actor's own report); None otherwise:
+    # ``Workers.runqueue_of`` reads it for a local worker when asked.
+    runqueue_seconds: float | None = None
 
 
 # What ``stats()`` reports of a worker's status, and the names it gives the seconds per state.
@@ -161,6 +170,13 @@ class Workers(abc.ABC):
         are given the config with each start and ignore this."""
         return None
 
+    def cpus_per_worker(self) -> int:
+        """The CPUs one worker may keep busy: those this process may take (its affinity and
+        cgroup quota, its rank's share of the machine: ``system.rank_cpus``) divided among the
+        loader's workers; at least 1. "auto" widens a worker that computes on a free-threaded
+        interpreter up to this many threads."""
+        return max(1, _system.rank_cpus() // max(1, self.num_workers))
+
     def scale_hint(self) -> str:
         """What would give the workers more room, for the data-stall notice."""
         return (f"More num_workers (this process may use {len(os.sched_getaffinity(0))} CPUs), "
@@ -196,6 +212,30 @@ class Workers(abc.ABC):
         view knows (a remote worker's)."""
         views = [self.view(w) for w in self.ids]
         known = [v.cpu_seconds for v in views if v is not None and v.cpu_seconds > 0]
+        return sum(known) if known else None
+
+    def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one: on the kernel's run queue, runnable, every
+        CPU it may use taken) of worker `worker_id`'s threads since it started; None where the
+        placement cannot read the run queue. Read when asked (a read per thread), not with
+        every ``view``. By default the view's (a Ray actor's own report); a local worker's from
+        ``/proc/PID/task/*/schedstat``, to the nanosecond (the view's CPU counts 10 ms ticks)."""
+        v = self.view(worker_id)
+        if v is None or v.runqueue_seconds is None:
+            return None
+        return v.cpu_seconds, v.runqueue_seconds
+
+    def runqueue_of(self, worker_id: int) -> float | None:
+        """Seconds worker `worker_id`'s threads waited for a CPU since it started (``schedstat_of``);
+        None where the placement cannot read it. A worker that waits for a CPU computes: the
+        tuner, the data-stall notice and ``stoker doctor`` count this time with its CPU
+        seconds."""
+        both = self.schedstat_of(worker_id)
+        return both[1] if both is not None else None
+
+    def runqueue_seconds(self) -> float | None:
+        """The running workers' ``runqueue_of`` added up; None when none is known."""
+        known = [r for r in (self.runqueue_of(w) for w in self.ids) if r is not None]
         return sum(known) if known else None
 
     def seconds_in(self) -> dict:

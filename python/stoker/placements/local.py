@@ -330,6 +330,10 @@ class LocalProcesses(Workers):
         stopped, cpu = _system.stopped_and_cpu(pid)
         return WorkerView(pid, started_at, last_sent, cpu, stopped, status)
 
+    def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
+        v = self.view(worker_id)
+        return _system.schedstat_seconds(v.pid) if v is not None and v.pid else None
+
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it
         ('' when it cannot answer: not started yet, stopped, or gone)."""

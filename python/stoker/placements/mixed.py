@@ -30,6 +30,7 @@ class Mixed(Workers):
     send_task, begin_epoch = _routed("send_task"), _routed("begin_epoch")
     set_memory_share, view = _routed("set_memory_share"), _routed("view")
     capture_stack, where = _routed("capture_stack"), _routed("where")
+    runqueue_of, schedstat_of = _routed("runqueue_of"), _routed("schedstat_of")
 
     def __init__(self, local: Workers, remote: Workers, split: int):
         self.local, self.remote, self.split = local, remote, split
@@ -71,6 +72,10 @@ class Mixed(Workers):
 
     def scale_hint(self) -> str:
         return self.remote.scale_hint()
+
+    def cpus_per_worker(self) -> int:
+        """One config for both: the smaller share (a local worker's and an actor's)."""
+        return min(self.local.cpus_per_worker(), self.remote.cpus_per_worker())
 
     @property
     def processes(self):

@@ -110,34 +110,46 @@ MIN_BUSY_S = 2.0
 
 def waiting_or_computing(snapshot: list[dict]) -> dict:
     """The check that tells, per running loader, whether its workers wait or compute: their CPU
-    seconds (/proc) against the seconds their status pages say they were busy (loading,
-    collating, encoding). Workers that mostly wait need threads_per_worker, not more workers."""
-    waiting, judged = [], 0
+    seconds and the seconds their threads waited for a CPU (/proc: runnable, on the run queue,
+    which is computing) against the seconds their status pages say they were busy (loading,
+    collating, encoding). Workers that mostly wait need threads_per_worker, not more workers;
+    workers that compute but wait long for a CPU find the machine's CPUs taken."""
+    waiting, crowded, judged = [], [], 0
     for ld in snapshot:
-        cpu = busy = loading = 0.0
+        cpu = busy = loading = queued = 0.0
         for w in ld["workers"]:
             c = _cpu_seconds(w["pid"])
             if c is None:
                 continue
             s = w["seconds"]
             cpu += c
+            queued += _system.runqueue_seconds(w["pid"]) or 0.0
             busy += s["loading"] + s["collating"] + s["encoding"]
             loading += s["loading"]
         if busy < MIN_BUSY_S:
             continue
         judged += 1
-        if loading >= busy / 2 and _advice.waiting(cpu, busy):
+        if loading >= busy / 2 and _advice.waiting(cpu, busy, queued):
             waiting.append((ld["pid"], cpu, busy))
-    if not waiting:
-        return _check("waiting or computing", "ok",
-                      f"{judged} running loader(s) judged: their workers compute" if judged
-                      else "no running loader's workers have been busy long enough to judge")
-    pid, cpu, busy = waiting[0]
-    return _check(
-        "waiting or computing", "warn",
-        ", ".join(f"loader pid {p}: workers on a CPU {100 * c / b:.0f}% of their busy time"
-                  for p, c, b in waiting),
-        _advice.raise_threads(cpu, busy))
+        elif _advice.crowded(queued, busy):
+            crowded.append((ld["pid"], cpu, queued, busy))
+    if waiting:
+        pid, cpu, busy = waiting[0]
+        return _check(
+            "waiting or computing", "warn",
+            ", ".join(f"loader pid {p}: workers on a CPU {100 * c / b:.0f}% of their busy time"
+                      for p, c, b in waiting),
+            _advice.raise_threads(cpu, busy))
+    if crowded:
+        pid, cpu, queued, busy = crowded[0]
+        return _check(
+            "waiting or computing", "warn",
+            ", ".join(f"loader pid {p}: workers compute, and waited for a CPU "
+                      f"{100 * q / b:.0f}% of their busy time" for p, c, q, b in crowded),
+            _advice.cpus_taken(cpu, queued, busy))
+    return _check("waiting or computing", "ok",
+                  f"{judged} running loader(s) judged: their workers compute" if judged
+                  else "no running loader's workers have been busy long enough to judge")
 
 
 def workers_against_cpus(loaders: list[dict], cpus: int) -> dict:

@@ -8,9 +8,14 @@ same loader builds with one thread; each sample goes through the error policy on
 
 ``threads_per_worker="auto"``: ``Width`` picks how many at once from what the batches before
 measured (the second batch at each width): it widens while the samples per second rise and the
-worker's CPU time stays well below its wall time (it waits on the network), and goes back to
-the best width seen when widening did not pay. A dataset that computes keeps its CPU busy, so
-"auto" leaves it at one thread (threads would only fight over the GIL).
+worker waits (its threads are on a CPU, or waiting for one, well below its wall time: they wait on
+the network), and goes back to the narrower width when widening did not pay. Waiting for a CPU
+(the kernel's run queue, ``system.thread_runqueue_ns``: a machine whose cores are all taken) is
+computing, not waiting; where only the run queue says so, one thread alone says which. A dataset
+that computes gets one thread where the GIL runs Python one thread at a time (more would only
+take turns); on a free-threaded interpreter its threads compute at once, and "auto" widens it
+from one thread while its samples per second rise, up to its share of the CPUs
+(``LoadSettings.cpus``).
 
 Thread contract: ``InFlight`` belongs to the thread that loads (the worker's main thread); the
 threads of its gate run only the sample loads handed to them, and call the dataset and the
@@ -25,14 +30,20 @@ import os
 import time
 from concurrent.futures import as_completed
 
+from ..common import system as _system
 from ..config.load import LoadSettings, is_async
 from ..config.options import MAX_THREADS_PER_WORKER as MAX_THREADS
 from .gate import Gate
 
-# "auto" widens while the worker's CPU time is below this share of its wall time
+# "auto" widens while the worker's time on a CPU or waiting for one (the run queue) is below
+# this share of its wall time
 WAITING_SHARE = 0.6
-GAIN = 1.05  # one whose CPU is busy tries a doubling when its last jump gained this factor
-LOSS = 0.75  # a jump whose samples per second fell below this factor of the width before's
+# A widening is kept when it raised the samples per second by this factor at least (else the
+# width goes back to the one before, and stays): threads that wait for what serves no more at
+# once (the GIL, a full link, a server's limit) do not raise them. Above a rate's noise over a
+# few batches on a busy machine; far below what a widening of at least twice the threads gives
+# a worker that waits on I/O.
+GAIN = 1.1
 START = 8  # where "auto" starts: a batch of it tells waiting from computing
 JUMP = 0.8  # a waiting worker widens to this share of what would keep its CPU busy
 # A width is judged over full batches (after its first) holding at least this many samples per
@@ -47,31 +58,47 @@ class Width:
     "auto" starts at START. Each width is judged over the full batches after its first (which
     pays for what is new: threads, connections) that hold JUDGED_ROUNDS samples per thread:
     their samples per second (from one batch's end to the next's, as the worker delivers them),
-    and the worker's CPU time against that wall time. A worker that computes at its first width
-    (CPU at least WAITING_SHARE of the wall time) goes to one thread and stays there. One that
-    waits jumps by the share it waited (a worker on the CPU 5% of the time could run about 20
-    times as many samples at once before its CPU is the limit; it takes JUMP of that), up to
-    the batch's size (MAX_THREADS at most), as long as no jump lost samples per second (below
-    LOSS of the width before: it goes back to the best width seen, and stays). Once its CPU is
-    busy it tries one doubling more if the last jump gained GAIN, and stays."""
+    and the worker's time on a CPU and on the run queue (``runqueue_s``: runnable while every CPU
+    it may use was taken) against that wall time. At least WAITING_SHARE of it: the worker
+    computes. One on a CPU that much by itself at its first width goes to one thread and stays
+    there where the GIL runs one thread at a time (`gil`). One that reaches the share only with
+    the run queue is judged again at one thread: on a busy machine a thread that computes waits
+    for a CPU, but so does each of many threads that wait on I/O as it wakes, and their sum can
+    pass the wall time; alone, a thread that waits on I/O shows it. Without the GIL (free-threaded
+    Python) a worker that computes at one thread doubles from there while each doubling raises
+    the samples per second GAIN times, up to `cpus` threads (its share of the CPUs); with it, it
+    stays at one. One that waits jumps by the share it waited (a worker on a CPU 5% of the time
+    could run about 20 times as many samples at once before its CPU is the limit; it takes JUMP
+    of that), up to the batch's size (MAX_THREADS at most); once its CPU is busy it tries
+    doublings. Every widening must raise the samples per second GAIN times: one that did not is
+    undone (the width before, and it stays): threads that wait for the GIL, not for I/O, are
+    not widened."""
 
-    def __init__(self, setting):
+    def __init__(self, setting, cpus: int = 1, gil: bool | None = None):
+        """`cpus`: the CPUs this worker may keep busy (``LoadSettings.cpus``); `gil`: whether
+        Python runs one thread at a time here (None: this interpreter, ``system.gil_enabled``)."""
         self.auto = setting == "auto"
         self.now = START if self.auto else int(setting)
+        self.cpus = max(1, int(cpus))
+        self.gil = _system.gil_enabled() if gil is None else bool(gil)
         self._rate_at: dict[int, float] = {}
-        self._before: int | None = None  # the width before the last jump
+        self._before: int | None = None  # the width before the last widening
+        self._from_one = False  # judged again from one thread (a worker that computes)
         self.settled = not self.auto
         self._size = 0  # the largest batch seen: only such batches judge a width
         # the first batch at a width pays for what the width is new to (connections opened,
         # threads started, imports): the next one measures it
         self._fresh = True
-        self._window = [0, 0.0, 0.0, 0]  # samples, wall s, CPU s, batches at this width
+        self._window = [0, 0.0, 0.0, 0.0]  # samples, wall s, CPU s, run-queue s
 
-    def _best(self) -> int:
-        return max(self._rate_at, key=self._rate_at.__getitem__)
+    @property
+    def _computing_most(self) -> int:
+        """The most threads that compute at once: 1 under the GIL, else the worker's CPUs."""
+        return 1 if self.gil else self.cpus
 
-    def observe(self, samples: int, wall_s: float, cpu_s: float) -> None:
-        """One batch of `samples` took `wall_s`, of which the process spent `cpu_s` on CPU."""
+    def observe(self, samples: int, wall_s: float, cpu_s: float, runqueue_s: float = 0.0) -> None:
+        """One batch of `samples` took `wall_s`, of which the process's threads spent `cpu_s` on
+        a CPU and `runqueue_s` waiting for one."""
         if self.settled or samples < 2 or wall_s <= 0:
             return
         self._size = max(self._size, samples)
@@ -79,35 +106,42 @@ class Width:
             return
         if self._fresh:
             self._fresh = False
-            self._window = [0, 0.0, 0.0, 0]
+            self._window = [0, 0.0, 0.0, 0.0]
             return
         win = self._window
         win[0] += samples
         win[1] += wall_s
         win[2] += cpu_s
-        win[3] += 1
+        win[3] += max(0.0, runqueue_s)
         if win[0] < JUDGED_ROUNDS * self.now:
             return
-        samples, wall_s, cpu_s = win[0], win[1], win[2]
+        wall_s, cpu_s, busy_s = win[1], win[2], win[2] + win[3]
         w = self.now
-        rate = self._rate_at[w] = samples / wall_s
-        computing = cpu_s >= WAITING_SHARE * wall_s
-        before = self._rate_at.get(self._before) if self._before is not None else None
-        if before is not None and rate < LOSS * before:
-            self.now, self.settled = self._best(), True  # the last jump lost: undone
+        rate = self._rate_at[w] = win[0] / wall_s
+        computing = busy_s >= WAITING_SHARE * wall_s
+        last = self._before
+        before = self._rate_at.get(last) if last is not None else None
+        if last is not None and before is not None and rate < GAIN * before:
+            self.now, self.settled = last, True  # the last widening did not pay
             return
-        if computing and before is None:
-            # its first batches kept the CPU busy: more threads would only share the GIL
-            self.now, self.settled = 1, True
+        most = MAX_THREADS
+        if computing and before is None and not self._from_one:
+            # its first batches kept it on a CPU or waiting for one
+            if self._computing_most == 1 and cpu_s >= WAITING_SHARE * wall_s:
+                self.now, self.settled = 1, True  # more threads would only share the GIL
+                return
+            # judged again at one thread (see the class doc)
+            self._from_one, self.now, self._fresh = True, 1, True
             return
-        if computing and before is not None and rate < GAIN * before:
-            self.settled = True  # its CPU is busy now, and the last jump gained little
-            return
-        # A worker that waits jumps by the share it waited (whatever the samples per second
-        # said, short of a loss: a rate over a few batches on a busy machine is only so exact);
-        # one whose CPU became busy with a jump that paid tries one doubling.
-        factor = 2 if computing else max(2, int(JUMP * wall_s / max(cpu_s, 1e-6)))
-        wider = min(MAX_THREADS, self._size, w * factor)
+        if computing:
+            factor = 2  # a doubling, as long as each one pays
+            if self._from_one:
+                most = self._computing_most  # computing threads: no more than its CPUs
+        else:
+            # a worker that waits jumps by the share it waited
+            factor = max(2, int(JUMP * wall_s / max(busy_s, 1e-6)))
+            self._from_one = False
+        wider = min(most, self._size, w * factor)
         if wider <= w:
             self.settled = True
             return
@@ -129,14 +163,14 @@ class InFlight:
     def __init__(self, dataset, settings: LoadSettings, width: Width | None = None):
         """`settings`: the worker's (its ``threads``, resolved: an int or "auto"); `width`: one
         kept from an earlier epoch's InFlight (what "auto" learnt)."""
-        self.width = width if width is not None else Width(settings.threads)
+        self.width = width if width is not None else Width(settings.threads, settings.cpus)
         self.is_async = is_async(dataset)
         self._gate: Gate | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
         self._ahead: dict = {}  # batch key -> the futures of its items, started ahead
-        self._ahead_at: dict = {}  # batch key -> when they started (_now())
-        self._done_at: tuple | None = None  # when the last batch was done (_now())
+        self._ahead_at: dict = {}  # batch key -> when they started (_now)
+        self._done_at: tuple | None = None  # when the last batch was done (_now)
 
     @property
     def concurrent(self) -> bool:
@@ -171,7 +205,7 @@ class InFlight:
                 done[0] += 1
 
             progress()
-        begin = _now()
+        begin = self._now()
         if began is not None:  # its samples started while the batch before loaded: its
             # time is from when that one was done (what the worker delivers per second)
             begin = max(began, self._done_at or begin)
@@ -188,10 +222,10 @@ class InFlight:
     def finished(self, batch: Batch) -> None:
         """`batch` is done (``Batch.outcomes``): "auto" judges its width from it, the gate
         follows the width."""
-        end = self._done_at = _now()
+        end = self._done_at = self._now()
         if not batch.serial:
             self.width.observe(len(batch.items), end[0] - batch.begin[0],
-                               end[1] - batch.begin[1])
+                               end[1] - batch.begin[1], max(0.0, end[2] - batch.begin[2]))
             if self._gate is not None and self._gate.usable():
                 self._gate.resize(self.width.now)
 
@@ -211,6 +245,10 @@ class InFlight:
                 progress()
         return out
 
+    def _now(self) -> tuple[float, float, float]:
+        w = self.width
+        return _now(w.auto and not w.settled)
+
     # -- threads ---------------------------------------------------------------------------------
     def _the_gate(self) -> Gate:
         """This process's gate, of the width now (one copied by fork has no threads: a new one)."""
@@ -226,7 +264,7 @@ class InFlight:
         key=key)`` takes them up. Only while a batch loads on threads (its width > 1)."""
         gate = self._the_gate()
         self._ahead[key] = [gate.submit(_call_with, (load, it)) for it in items]
-        self._ahead_at[key] = _now()
+        self._ahead_at[key] = self._now()
 
     def drop_ahead(self) -> None:
         """Forgets the batches started ahead (a new epoch: none is left to take them up): what
@@ -333,9 +371,12 @@ class Batch:
         return self._out
 
 
-def _now() -> tuple[float, float]:
-    """(wall clock, this process's CPU time), in seconds."""
-    return time.monotonic(), time.process_time()
+def _now(runqueue: bool = False) -> tuple[float, float, float]:
+    """(wall clock, this process's CPU time, the seconds its threads waited on a run queue), in
+    seconds; the last only with `runqueue` (while "auto" judges: it reads a file per thread),
+    else 0 (and 0 where the kernel does not say)."""
+    rq = _system.runqueue_seconds() if runqueue else None
+    return time.monotonic(), time.process_time(), rq or 0.0
 
 
 def _call(load, item):

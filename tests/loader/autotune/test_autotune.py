@@ -328,6 +328,9 @@ def test_a_tiny_epoch_still_gets_its_first_look_after_a_window(monkeypatch):
                 "seconds_in": {"loading": 0.0, "collating": 0.0, "encoding": 0.0},
                 "rss_bytes": 1})
 
+        def schedstat_of(self, w):
+            return None
+
         def slot_usage(self):
             return {}
 
@@ -653,6 +656,9 @@ def test_a_window_with_a_restarted_worker_is_not_judged(monkeypatch):
             return WorkerView(self.pids[w], 0.0, 0.0, 0.0, False, {
                 "seconds_in": {"loading": self.busy[w], "collating": 0.0, "encoding": 0.0},
                 "rss_bytes": 1})
+
+        def schedstat_of(self, w):
+            return None
 
         def slot_usage(self):
             return {"bytes_mapped": 4 << 20, "slots": 4}

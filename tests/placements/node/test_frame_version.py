@@ -122,6 +122,28 @@ def test_the_pool_refuses_a_rank_of_another_version_once_naming_both(pair):
                                    f"{wire.VERSION + 1}")]
 
 
+def test_a_rank_of_protocol_3_whose_load_settings_had_no_cpus_is_refused(pair):
+    """Version 4: LoadSettings.cpus, which the pool sets for its workers. A rank of 3 (its
+    hello's LoadSettings without it) gets an answer naming both, not a pool that leaves its
+    workers 1 CPU each, nor a group of its own beside its job's ranks of 4."""
+    from stoker.config.load import LoadSettings
+
+    assert wire.VERSION == 4
+    rank, pool_end = pair
+    s = session.Session(1, pool_end, os.getpid() + 10**7)
+    queued = []
+    s.put = lambda m, fds: queued.append(m)
+    old = LoadSettings.__new__(LoadSettings)
+    object.__setattr__(old, "__dict__", {"on_error": "raise", "max_retries": 3, "threads": 1})
+    assert old.cpus == 1  # (it loads with the default...)
+    # (...but pickles as it came: the group key, which hashes it, is not a rank of 4's)
+    assert pickle.dumps(old) != pickle.dumps(LoadSettings())
+    rank.send(_frame(3, ("hello", old)))
+    rank.shutdown(socket.SHUT_WR)
+    session.read(_Pool(), s)
+    assert queued == [wire.Refused("the node pool speaks protocol 4, this rank 3")]
+
+
 def test_a_rank_told_by_a_pool_of_another_version_raises_naming_both(pair, monkeypatch):
     rank, pool_end = pair
     monkeypatch.setattr(workers.rendezvous, "connect", lambda job: (rank, os.getpid()))

@@ -17,7 +17,7 @@ from stoker.placements.node import wire
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
 
-HEAD = b"SK" + struct.pack("<H", 3)  # every frame's header: its protocol version
+HEAD = b"SK" + struct.pack("<H", 4)  # every frame's header: its protocol version
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def test_close_all_closes_what_it_can():
 
 
 def test_the_version_and_messages():
-    assert wire.VERSION == 3
+    assert wire.VERSION == 4  # (4: LoadSettings.cpus in a Hello's config)
     assert wire.Task(0, 1, 2, 0, b"", 5, 6).serial is False  # (its own field, not a bit of fmt)
     assert wire.Task(0, 1, 2, 0, b"", 5, 6, True).serial is True
     assert wire.Release(3).bid == 3

@@ -1,10 +1,14 @@
 """One window of what the tuner judges, read from the iterator's statistics and its placement.
 
 ``Measure`` takes a reading at the start of a window and again at its end: wall-clock seconds,
-the seconds the training loop waited for data, the main process's CPU, and, over the workers that
-take tasks, their CPU, their busy time (loading, collating, encoding: from their own status), the
-largest RSS, the slots' memory, and the memory headroom. A window in which a worker was replaced
-(its counters started again from zero) or the epoch's counters were reset is not judged.
+the seconds the training loop waited for data and the batches it took, the main process's CPU
+and the seconds its threads waited for a CPU (the kernel's run queue: ``system.runqueue_seconds``),
+and, over the workers that take tasks, their CPU and run-queue seconds (``Workers.schedstat_of``:
+to the nanosecond where the placement reads the kernel's schedstat, a local worker's; else the
+view's CPU and no run queue, a node pool's worker's), the batches they sent, their busy time
+(loading, collating, encoding: from their own status), the largest RSS, the slots' memory, and
+the memory headroom. A window in which a worker was replaced (its counters started again from
+zero) or the epoch's counters were reset is not judged.
 
 Thread contract: the iterating thread.
 """
@@ -35,8 +39,8 @@ class Measure:
 
     def _now(self, ids):
         busy = 0.0
-        cpu = 0.0
-        rss = 0
+        cpu = queued = 0.0
+        rss = made = 0
         pids = []
         for w in ids:
             v = self._workers.view(w)
@@ -45,12 +49,16 @@ class Measure:
                 s = st["seconds_in"]
                 busy += s["loading"] + s["collating"] + s["encoding"]
                 rss = max(rss, st["rss_bytes"])
+                made += st.get("batches") or 0
             pid = v.pid if v is not None else None
             pids.append(pid)
             if pid is not None:
-                cpu += v.cpu_seconds
+                both = self._workers.schedstat_of(w)
+                cpu += both[0] if both is not None else v.cpu_seconds
+                queued += both[1] if both is not None else 0.0
         return (time.monotonic(), self._stats.waited_s, time.process_time(), cpu, busy, rss,
-                tuple(ids), tuple(pids), self._stats.yielded)
+                tuple(ids), tuple(pids), self._stats.yielded, _system.runqueue_seconds() or 0.0,
+                queued, made)
 
     def restart(self, ids) -> None:
         """Starts a window (after a change: the new worker's counters start from here)."""
@@ -87,9 +95,11 @@ class Measure:
         return Window(
             seconds=now[0] - last[0], waited_s=now[1] - last[1], main_cpu_s=now[2] - last[2],
             worker_cpu_s=max(0.0, now[3] - last[3]), worker_busy_s=max(0.0, now[4] - last[4]),
+            main_runqueue_s=max(0.0, now[9] - last[9]),
+            worker_runqueue_s=max(0.0, now[10] - last[10]),
             usable_cpus=self._cpus, worker_rss=now[5],
             slot_bytes_per_worker=mapped // started,
             memory_headroom=headroom, memory_limit=limit, workers=len(ids),
             slot_bytes=mapped // slots if slots else 0, shared_memory_share=self.share,
-            batches=max(0, now[8] - last[8]), first=first,
+            batches=max(0, now[8] - last[8]), made=max(0, now[11] - last[11]), first=first,
         )

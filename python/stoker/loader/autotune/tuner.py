@@ -6,19 +6,39 @@ starts ``initial`` of them and sends tasks to the first ``active`` workers only.
 ``WINDOW_S`` the ``Tuner`` looks at the last window:
 
 - the loop waited for data (stall share above ``ADD_STALL``) and a core is free (the main process
-  and the active workers together used less than usable CPUs - ``FREE_CORE``) and the memory
-  budget has room for one more worker (its RSS and its share of the slots, against the cgroup's
-  limit or the machine's available memory): one more worker;
+  and the active workers together were on a CPU or waiting for one less than usable CPUs -
+  ``FREE_CORE``: time on the kernel's run queue is computing, a machine whose CPUs are taken has
+  none free) and the memory budget has room for one more worker (its RSS and its share of the
+  slots, against the cgroup's limit or the machine's available memory): one more worker;
 - the loop hardly waited (below ``RETIRE_STALL``) and the active workers' busy time would fit in
   one worker fewer with room to spare, two windows in a row: one worker fewer (it keeps its
-  process, idle, and is the first one added back).
+  process, idle, and is the first one added back);
+- the loop did not wait for data (``ADD_STALL`` at most) but waited for a CPU (its threads on
+  the run queue ``STARVED`` of the window or more: the workers, or whatever else runs, took its
+  cores), the workers compute (``advice.waiting``: workers that wait on I/O take little of its
+  CPU) and one worker fewer would still need no more CPU per batch each than the loop itself,
+  give or take ``STARVED`` (so they keep pace with it on cores of their own), two windows in a
+  row: one worker fewer. A training step that computes is the job; workers that take its CPU
+  slow it down.
+
+A batch's costs: the loop's per batch it took, the workers' per batch they sent (their status
+pages' count): the two differ while the workers' queues fill. CPU seconds are the kernel's
+schedstat where the placement reads it (a local worker's: to the nanosecond; ``/proc/PID/stat``
+counts 10 ms ticks, as much as a few batches cost).
 
 The first look. A short epoch (a validation pass, a small dataset: well under a second) is over
 before one worker a window has climbed far. So the first window is short (``measure.FIRST_
 BATCHES`` batches from the first one delivered) and judged differently: from what one batch costs
-(the workers' busy time and CPU per batch, the main process's own time and CPU per batch) the
-tuner computes the count that keeps up with the loop within the CPUs (``needed``) and goes there
-at once; later windows then refine it one worker at a time. What it decided is kept: the next
+(the workers' busy time and CPU per batch, the main process's own time and CPU per batch, CPU
+counting the run queue's time) the tuner computes the count that keeps up with the loop within
+the CPUs (``needed``) and goes there at once; a loop that waited for a CPU, and not for data
+(or only while the workers' queues filled: they sent a batch each more than it took), goes at
+once to the fewest workers that keep pace with it (``keeping_pace``), and a loop that waited
+for a CPU is given no more workers that compute than that. As for one more worker later, a
+core must be free (the pipeline on a CPU or its run queue less than the usable CPUs -
+``FREE_CORE``): a few batches' costs over the usable CPUs cannot tell that other processes
+took them. Later windows then
+refine it one worker at a time. What it decided is kept: the next
 epoch of the loader starts there, and so does the next loader of the same dataset in this
 process (``memory.py``).
 
@@ -57,6 +77,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from ...common import advice as _advice
 from ...common import system as _system
 
 log = logging.getLogger("stoker")
@@ -65,6 +86,8 @@ ADD_STALL = 0.05  # add a worker when the loop waited more than this share of th
 RETIRE_STALL = 0.01  # retire one only when the loop waited less than this
 FREE_CORE = 0.75  # a core is free when this much CPU is left over
 RETIRE_FIT = 0.7  # retire when the busy time fits in k-1 workers at most this busy
+# the loop is starved of CPU when its threads waited on the run queue this share of the window
+STARVED = 0.1
 MEMORY_MARGIN = 0.1  # keep this share of the memory limit free
 KEEP_DECISIONS = 20
 # prefetch_factor="auto"
@@ -92,9 +115,17 @@ class Window:
     memory_limit: int | None
     workers: int = 0  # workers that took tasks (0: unknown)
     batches: int = 0  # batches the loop received during the window (0: unknown)
+    # batches the active workers sent during the window (their status pages; 0: unknown). More
+    # than the loop took while their queues fill (the first look): a worker's cost is per batch
+    # it made
+    made: int = 0
     first: bool = False  # the first look (see the module doc)
     slot_bytes: int = 0  # the mean size of one slot (one batch), 0 when none yet
     shared_memory_share: int | None = None  # max_shared_memory per worker (None: no cap)
+    # seconds the main process's threads and the active workers' waited for a CPU (runnable, on
+    # the kernel's run queue: the CPUs were taken); 0 where unknown
+    main_runqueue_s: float = 0.0
+    worker_runqueue_s: float = 0.0
 
     @property
     def worker_seconds(self) -> float:
@@ -160,7 +191,7 @@ class Tuner:
     # -- workers ---------------------------------------------------------------------------------
     def _decide_workers(self, w: Window, batch: int) -> int:
         stall = w.waited_s / w.seconds
-        used = (w.main_cpu_s + w.worker_cpu_s) / w.seconds
+        used = _cpu_s(w) / w.seconds  # on a CPU or waiting for one
         free = w.usable_cpus - used
         if stall > ADD_STALL:
             self._quiet_windows = 0
@@ -196,28 +227,54 @@ class Tuner:
                 f"{self.active} -> {self.active + 1} workers: the loop waited for data "
                 f"{100 * stall:.0f}% of the time and {free:.1f} of {w.usable_cpus} CPUs were free"))
             return self.active
-        if stall < RETIRE_STALL and self.active > 1:
-            per_worker = w.worker_busy_s / w.seconds / (self.active - 1)
-            if per_worker < RETIRE_FIT:
-                self._quiet_windows += 1
-                if self._quiet_windows >= 2:
-                    self._quiet_windows = 0
-                    self._change(batch, self.active - 1, self.depth, (
-                        f"{self.active} -> {self.active - 1} workers: the loop waited "
-                        f"{100 * stall:.1f}% of the time and the workers were busy "
-                        f"{w.worker_busy_s / w.seconds:.1f} worker-seconds per second: "
-                        f"{self.active - 1} suffice"))
-                    return self.active
-                return self.active
+        why = self._retiring(w, stall) if self.active > 1 else None
+        if why is not None:
+            self._quiet_windows += 1
+            if self._quiet_windows >= 2:
+                self._quiet_windows = 0
+                self._change(batch, self.active - 1, self.depth, why)
+            return self.active
         self._quiet_windows = 0
         return self.active
 
+    def _retiring(self, w: Window, stall: float) -> str | None:
+        """Why one worker fewer would do, from window `w`; None when it would not."""
+        k = self.active
+        if stall < RETIRE_STALL and w.worker_busy_s / w.seconds / (k - 1) < RETIRE_FIT:
+            return (f"{k} -> {k - 1} workers: the loop waited {100 * stall:.1f}% of the time and "
+                    f"the workers were busy {w.worker_busy_s / w.seconds:.1f} worker-seconds per "
+                    f"second: {k - 1} suffice")
+        if stall <= ADD_STALL and keeping_pace(w) < k:
+            return (f"{k} -> {k - 1} workers: the training loop waited for a CPU "
+                    f"{100 * w.main_runqueue_s / w.seconds:.0f}% of the time (for data "
+                    f"{100 * stall:.1f}%), and {k - 1} workers keep pace with it, each "
+                    f"needing no more CPU per batch than the loop: fewer take less of its CPU")
+        return None
+
     def _first_look(self, w: Window, batch: int) -> int:
-        """Straight to the count one batch's costs call for, when the loop waited."""
+        """Straight to the count one batch's costs call for: when the loop waited for data, the
+        count that keeps up with it; when it waited for a CPU instead, the fewest that keep
+        pace with it."""
         stall = w.waited_s / w.seconds
+        # the workers sent a batch each more than the loop took: their queues filled, and what
+        # the loop waited for data was their start
+        filling = w.made >= w.batches + self.active
+        if (stall <= ADD_STALL or filling) and w.batches and keeping_pace(w) < self.active:
+            k = keeping_pace(w)
+            self._change(batch, k, self.depth, (
+                f"{self.active} -> {k} workers at the first look: the training loop waited for "
+                f"a CPU {100 * w.main_runqueue_s / w.seconds:.0f}% of the time (for data "
+                f"{100 * stall:.1f}%), and {k} keep pace with it (a batch takes a worker "
+                f"{1e3 * _worker_cpu_per_batch(w):.1f} ms of CPU, the loop "
+                f"{1e3 * w.main_cpu_s / w.batches:.1f} ms)"))
+            return self.active
         if stall <= ADD_STALL or not w.batches or self.active >= self.bound:
             return self.active
-        k = min(self.bound, needed(w))
+        if w.usable_cpus - _cpu_s(w) / w.seconds < FREE_CORE:
+            return self.active  # no core free (as for one more worker later)
+        # (a loop starved of CPU: no more workers that compute than keep pace with it, whatever
+        # a few batches' costs say the CPUs fit)
+        k = min(self.bound, needed(w), keeping_pace(w))
         if k <= self.active:
             return self.active
         if w.memory_headroom is not None and w.memory_limit:
@@ -314,15 +371,47 @@ class Tuner:
         }
 
 
+def _cpu_s(w) -> float:
+    """The seconds the main process and the active workers were on a CPU or waiting for one
+    (the run queue: computing, though the CPUs were taken)."""
+    return w.main_cpu_s + w.worker_cpu_s + w.main_runqueue_s + w.worker_runqueue_s
+
+
+def keeping_pace(w: Window) -> int:
+    """The fewest workers that keep pace with a training loop starved of CPU (its threads on
+    the run queue at least STARVED of the window): each needs no more CPU per batch than the
+    loop itself, give or take STARVED (on cores of their own they deliver about as fast as it
+    takes, and a loop that then waits for data a few percent lost more than that to them); a
+    very large number when the loop is not starved or the workers mostly wait (on storage,
+    the network: ``advice.waiting``), which takes little of its CPU, and CPU per batch would
+    not say how fast they deliver. The workers' CPU per batch they sent, the loop's per batch
+    it took (``made``, ``batches``: while the workers' queues fill they send more than it
+    takes)."""
+    if w.main_runqueue_s < STARVED * w.seconds or w.main_cpu_s <= 0 \
+            or _advice.waiting(w.worker_cpu_s, w.worker_busy_s, w.worker_runqueue_s):
+        return 1 << 30
+    ratio = _worker_cpu_per_batch(w) / (w.main_cpu_s / max(1, w.batches))
+    return max(1, math.ceil(ratio / (1 + STARVED) - 1e-9))
+
+
+def _worker_cpu_per_batch(w: Window) -> float:
+    """The active workers' CPU seconds per batch they sent (per batch the loop took where the
+    window does not say what they sent)."""
+    return w.worker_cpu_s / max(1, w.made or w.batches)
+
+
 def needed(w: Window) -> int:
     """The workers that keep up with the loop within the CPUs, from one window's costs per
     batch: the loop takes a batch every `step` seconds of its own; `k` workers make one every
     busy/k; together they may use at most the usable CPUs (workers that wait on I/O use less
-    CPU than busy time, and more of them fit)."""
+    CPU than busy time, and more of them fit; time waiting for a CPU counts as CPU: it does not
+    wait on I/O). The loop's costs are per batch it took, the workers' per batch they sent."""
     n = max(1, w.batches)
-    busy = w.worker_busy_s / n
+    made = max(1, w.made or w.batches)
+    busy = w.worker_busy_s / made
     step = max(1e-6, (w.seconds - w.waited_s) / n)
-    cpu = (w.main_cpu_s + w.worker_cpu_s) / n  # CPU seconds the pipeline spends on a batch
+    # CPU seconds the pipeline spends on a batch, or waits for
+    cpu = (w.main_cpu_s + w.main_runqueue_s) / n + (w.worker_cpu_s + w.worker_runqueue_s) / made
     rate = 1.0 / step
     if cpu > 0:
         rate = min(rate, w.usable_cpus / cpu)  # batches per second the CPUs allow

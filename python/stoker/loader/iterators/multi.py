@@ -90,9 +90,6 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                 self._worker_init_fn, self._world_size, self._rank)
         self._collate_mode = _collate_mode(loader)
         self._kind = ITERABLE if isinstance(self._dataset, IterableDataset) else MAP
-        # how every worker loads (threads_per_worker resolved: unset is "auto" for an async
-        # dataset), made once here and carried whole in each WorkerConfig
-        self._load = LoadSettings.of(options, self._dataset)
         self._discard = 0
         n = self._num_workers
         cls = type(loader).__qualname__
@@ -101,6 +98,9 @@ class MultiProcessIter(_torch_compat.base_iterator()):
                             prefetch_factor=self._prefetch_factor)
         self.workers = workers_for(options.placement, context_for(loader), n, self._board.token,
                                    stream=self._kind == ITERABLE)
+        # how every worker loads (threads_per_worker resolved: unset is "auto" for an async
+        # dataset; each worker's share of the CPUs), made once and carried in each WorkerConfig
+        self._load = LoadSettings.of(options, self._dataset, self.workers.cpus_per_worker())
         self._watch = HangWatch(self.workers)
         self._tasks = TaskTable(n, self._prefetch_factor, self._in_order)
         self._recovery = Recovery(self._records, options, n, self._kind == MAP,

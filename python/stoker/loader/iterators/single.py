@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch.utils.data import IterableDataset
 
+from ...common import system as _system
 from ...common import torch_compat as _torch_compat
 from ...config import seeding
 from ...config.load import LoadSettings, is_async
@@ -66,7 +67,8 @@ class SingleProcessIter(_torch_compat.single_process_iterator()):
             super().__init__(loader)
         self._base_seed = self._cursor.base_seed(self._base_seed)
         self._seeder = seeding.seeder_for(options, self._base_seed, 0)
-        settings = LoadSettings.of(options, loader.dataset)  # (made once, as a worker's)
+        # (made once, as a worker's; its threads may take every CPU this process may use)
+        settings = LoadSettings.of(options, loader.dataset, _system.rank_cpus())
         if settings.on_error != "raise" or self._seeder is not None or \
                 settings.threads != 1 or is_async(loader.dataset):
             self._dataset_fetcher = PolicyFetcher(loader, settings, self._records, self._seeder)

@@ -85,7 +85,7 @@ class IterStats:
             "data is the bottleneck. Workers spend most of their time in %s (%s). %s%s",
             100 * self.waited_s / elapsed, self.yielded, _STAGES[slowest], split,
             advice(slowest, self._workers.cpu_seconds(), sum(busy.values()), self._threads,
-                   self._workers.scale_hint()), stuck,
+                   self._workers.scale_hint(), self._workers.runqueue_seconds()), stuck,
         )
 
     def snapshot(self) -> dict:
@@ -107,11 +107,15 @@ class IterStats:
         }
 
 
-def advice(slowest: str, cpu_s, busy_s: float, threads, scale_hint: str) -> str:
-    """What would help a data stall: workers that wait get "raise threads_per_worker", workers
-    that compute get the placement's `scale_hint` (more workers, cheaper samples)."""
-    if slowest == "loading" and _advice.waiting(cpu_s, busy_s):
+def advice(slowest: str, cpu_s, busy_s: float, threads, scale_hint: str,
+           runqueue_s=None) -> str:
+    """What would help a data stall: workers that wait get "raise threads_per_worker"; workers
+    that compute (on a CPU, or waiting `runqueue_s` for one) on a machine whose CPUs are taken
+    are told so; others get the placement's `scale_hint` (more workers, cheaper samples)."""
+    if slowest == "loading" and _advice.waiting(cpu_s, busy_s, runqueue_s):
         return _advice.raise_threads(cpu_s, busy_s, threads)
+    if cpu_s is not None and _advice.crowded(runqueue_s, busy_s):
+        return _advice.cpus_taken(cpu_s, runqueue_s, busy_s)
     return scale_hint
 
 

@@ -13,7 +13,11 @@ A worker with threads (``threads_per_worker``) holds one token: its threads wait
 process, the bound is on the CPUs. Stream workers (an ``IterableDataset``'s) are their rank's
 own, outside the pool; they do not hold tokens (docs/design/node.md).
 
-Thread contract: every method, any thread; its lock is held only for its own counters, never
+Each pool worker's share of the CPUs (``worker_cpus``: the CPUs the pool may use, less one per
+rank's loop, over the budget's limit) goes to it in ``LoadSettings.cpus``: the most threads
+"auto" gives a worker that computes, where threads compute at once (a free-threaded Python).
+
+Thread contract: ``worker_cpus`` is a plain function; every method, any thread; its lock is held only for its own counters, never
 while a group's lock is taken, so a group may call it under its own lock. ``waiting`` returns
 the groups in line; their ``dispatch`` is called by the caller with no lock held.
 """
@@ -21,6 +25,15 @@ the groups in line; their ``dispatch`` is called by the caller with no lock held
 from __future__ import annotations
 
 import threading
+
+from ...common import system as _system
+
+
+def worker_cpus(limit: int, ranks: int) -> int:
+    """The CPUs one of `limit` pool workers loading at once may keep busy: what the pool may use
+    (its affinity and cgroup quota) less a core for each of the `ranks` training loops, divided
+    among them; at least 1."""
+    return max(1, (_system.usable_cpus() - max(1, int(ranks or 1))) // max(1, int(limit)))
 
 
 class Budget:

@@ -20,6 +20,7 @@ round). ``send`` and ``wake`` take no lock of the pool's.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import socket
@@ -30,7 +31,7 @@ from ...common import system as _system
 from ...wire.board import Board
 from ..local import LocalProcesses
 from . import session, wire
-from .budget import Budget
+from .budget import Budget, worker_cpus
 from .group import Group
 from .ranks import Ranks
 
@@ -129,6 +130,8 @@ class Pool:
             g = self._groups.get(m.key)
             if g is None:  # (starts no process: workers start as tasks need them)
                 m.config.num_workers = self.budget.limit
+                m.config.load = dataclasses.replace(
+                    m.config.load, cpus=worker_cpus(self.budget.limit, m.ranks))
                 n = m.sealed_fds
                 sealed = Sealed.adopt(fds[0], fds[1:n])
                 stdio, fds[:] = fds[n:n + 2], fds[n + 2:]  # (the group's now, as the Sealed is)

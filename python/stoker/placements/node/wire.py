@@ -211,7 +211,11 @@ def close_all(fds) -> None:
 # do not talk (every frame's header says its version; the rank is told, with both named).
 # 3: the version moved from the Hello into every frame's header, and a Task carries `serial`
 #    (it was a bit of `fmt`).
-VERSION = 3
+# 4: a Hello's config carries LoadSettings.cpus, which the pool sets for its workers
+#    (budget.worker_cpus): a pool of 3 would leave a rank of 4's workers 1 CPU each, and ranks
+#    of 3 and 4 would key their groups apart (their LoadSettings pickle differently) and share
+#    nothing, silently.
+VERSION = 4
 
 
 # A rank to the pool. `w` is the rank's virtual worker, `gen` its incarnation (what the pool sends

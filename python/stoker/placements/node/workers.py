@@ -390,6 +390,12 @@ class NodeWorkers(Workers):
         return {"pid": r.pid, "job": r.job, "workers": r.workers, "pids": list(pids),
                 "clients": r.clients}
 
+    def cpus_per_worker(self) -> int:
+        """1 here: the pool gives its workers the node budget's share (``budget.worker_cpus``)
+        itself, and every rank's hello must carry the same value (it is part of the group's
+        key)."""
+        return 1
+
     def scale_hint(self) -> str:
         with self._lock:
             r = self._ready

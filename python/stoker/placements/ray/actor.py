@@ -105,7 +105,8 @@ class ActorEndpoint:
                     "samples": self._samples, "batches": self._batches,
                     "in_flight": self._in_flight,
                     "rss_bytes": _system.resident_bytes(), "bytes_sent": self._bytes_sent,
-                    "seconds_in": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime}
+                    "seconds_in": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime,
+                    "runqueue_seconds": _system.runqueue_seconds()}
 
 
 class _Actor:

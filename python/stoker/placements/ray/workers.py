@@ -315,9 +315,10 @@ class RayWorkers(Workers):
             rec = self._actors.get(worker_id)
             if rec is None:
                 return None
+            snap = rec.snap or {}
             return WorkerView(rec.info.get("pid"), rec.started_at, rec.last_sent,
-                              float((rec.snap or {}).get("cpu_seconds", 0.0)), False,
-                              rec.status(time.monotonic()))
+                              float(snap.get("cpu_seconds", 0.0)), False,
+                              rec.status(time.monotonic()), snap.get("runqueue_seconds"))
 
     def where(self, worker_id: int) -> dict:
         with self._lock:
@@ -346,3 +347,7 @@ class RayWorkers(Workers):
 
     def scale_hint(self) -> str:
         return self._cluster.scale_hint()
+
+    def cpus_per_worker(self) -> int:
+        """What each actor asked of the cluster (``Ray(cpus_per_worker=...)``), whole."""
+        return max(1, int(self._spec.cpus_per_worker))
