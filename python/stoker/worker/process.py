@@ -28,6 +28,7 @@ import signal
 import sys
 
 from .. import _stoker
+from ..common import gil as _gil
 from ..common.errors import EngineError
 from ..pickling.by_value import Carried
 from ..wire import fdpass, protocol
@@ -165,6 +166,9 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
         raise
     loop = WorkerLoop(endpoint, worker_id, config)
     loop.prepare()
+    # On a free-threaded Python: a module the dataset imported here turned the GIL on (the
+    # warning goes to the worker's stderr, which the main process shows).
+    _gil.warn_in_worker()
     try:
         loop.serve()
     except EngineError:
