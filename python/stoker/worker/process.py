@@ -133,8 +133,10 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
     channel's EOF); `loader_token`: names the status page after the loader's board; `sealed`
     (spawn and forkserver): what holds the dataset, collate_fn and worker_init_fn that `config`
     then lacks (the sealed memfd, or a ``pickling.by_value.Carried`` pickled for this worker alone)."""
-    gc.freeze()
+    # SIGINT first: the freeze walks every object on a free-threaded build, long enough for a
+    # Ctrl+C to the process group to land in it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()
     fd = channel.fd
     if config.stdio is not None:  # (before the stderr tee: it writes to fd 2 too)
         _use_stdio(config.stdio)
