@@ -18,7 +18,15 @@ VPY_V    := $(VVENV)/bin/python
 VISION_REQS := tests/requirements-vision.txt
 VISION_DEPS := $(VVENV)/.deps-stamp
 
-.PHONY: all demo soak test test-quick test-cpp test-py test-vision bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean mutate
+# The free-threaded leg (make test-ft): its own venv from FT_PYTHON, a free-threaded CPython.
+FT_VENV  := .venv-ft
+FT_VPY   := $(FT_VENV)/bin/python
+FT_DEPS  := $(FT_VENV)/.deps-stamp
+# torch's cp314t wheel (a CUDA build, ~3 GB, that runs on the CPU); no pillow, hypothesis or
+# frameworks: the leg's tests need none of them.
+FT_PY_DEPS := torch==2.14.1 numpy "cloudpickle>=3.0,<4" pytest pytest-timeout psutil nanobind scikit-build-core cmake ninja
+
+.PHONY: all demo soak test test-quick test-cpp test-py test-vision test-ft bench torch-suite lint format fuzz sanitize sanitize-extension stubs install sysdeps clean mutate
 
 all: install
 
@@ -65,6 +73,27 @@ $(VISION_DEPS): $(VISION_REQS) pyproject.toml Makefile
 test-vision: $(VISION_DEPS)
 	$(VPY_V) -m pip install -q --no-build-isolation --no-deps .
 	$(VPY_V) -m pytest -q tests/vision
+
+# The free-threaded leg: the thread, fault, start-method and binding tests (FREE_THREADING in
+# tests/support/tiers.py) on a free-threaded Python (3.14t), with the GIL left to the
+# interpreter. No registry serves such an interpreter, so CI cannot run this: run it by hand
+# before you stop, with FT_PYTHON naming one you built (docs/develop.md says how). About
+# 13 minutes on two cores shared with other runs, once .venv-ft exists (FT_PYTEST_ARGS: more
+# pytest arguments, -k or -x).
+ifneq ($(filter test-ft,$(MAKECMDGOALS)),)
+ifeq ($(FT_PYTHON),)
+$(error make test-ft needs FT_PYTHON=/path/to/python3.14t, a free-threaded CPython; docs/develop.md says how to build one)
+endif
+endif
+$(FT_DEPS): pyproject.toml Makefile
+	test -x $(FT_VPY) || $(FT_PYTHON) -m venv $(FT_VENV)
+	$(FT_VPY) -c "import sys, sysconfig; sys.exit(0 if sysconfig.get_config_var('Py_GIL_DISABLED') else 'make test-ft: $(FT_PYTHON) has a GIL by build: FT_PYTHON must name a free-threaded one (configure --disable-gil)')"
+	$(FT_VPY) -m pip install -q $(FT_PY_DEPS)
+	touch $@
+
+test-ft: $(FT_DEPS)
+	$(FT_VPY) -m pip install -q --no-build-isolation --no-deps .
+	env -u PYTHON_GIL $(FT_VPY) -m pytest -q -p no:cacheprovider -m "free_threading and not system" $(FT_PYTEST_ARGS) $$($(FT_VPY) tests/support/tiers.py free-threading)
 
 demo: install
 	$(VPY) examples/demo.py

@@ -48,3 +48,17 @@ def test_no_two_test_files_share_a_name():
             twice.append((seen[name], os.path.relpath(path, HERE)))
         seen[name] = os.path.relpath(path, HERE)
     assert not twice, twice
+
+
+def test_the_free_threaded_legs_list_names_test_files_that_exist():
+    """FREE_THREADING (tests/support/tiers.py; make test-ft runs it) names test files or folders
+    by path: one renamed or moved would drop out of the leg without a word."""
+    from support.tiers import FREE_THREADING, SYSTEM
+
+    missing = [m for m in FREE_THREADING
+               if not (os.path.isdir(os.path.join(HERE, m)) if m.endswith("/") else
+                       os.path.isfile(os.path.join(HERE, m)) and
+                       os.path.basename(m).startswith("test_"))]
+    assert not missing, f"FREE_THREADING names no test file here: {missing}"
+    system = [m for m in FREE_THREADING if any(m.startswith(s) for s in SYSTEM)]
+    assert not system, f"the system tier is left out of the leg, so these never run: {system}"

@@ -24,8 +24,14 @@ names earlier releases pickled and imported.
 
 import os as _os
 
-from . import _compat
-from .common.errors import (
+# First: on a free-threaded Python, note which module's import turns the GIL back on (the
+# interpreter's warning names it), from before the extension, torch and the rest are imported.
+from .common import gil as _gil
+
+_gil.watch()
+
+from . import _compat  # noqa: E402
+from .common.errors import (  # noqa: E402
     BatchEncodingError,
     CollateError,
     CorruptBatchError,
@@ -36,10 +42,10 @@ from .common.errors import (
     WorkerError,
     WorkerHung,
 )
-from .config.placement import Node, Ray
-from .datasets.per_worker import per_worker
-from .datasets.shared_list import SharedList
-from .datasets.worker_info import get_worker_info, sample_generator, sample_seed
+from .config.placement import Node, Ray  # noqa: E402
+from .datasets.per_worker import per_worker  # noqa: E402
+from .datasets.shared_list import SharedList  # noqa: E402
+from .datasets.worker_info import get_worker_info, sample_generator, sample_seed  # noqa: E402
 
 __version__ = "0.3.0"
 
@@ -144,3 +150,10 @@ if not _os.environ.get("STOKER_NODE_POOL"):
         DataLoader = _import_loader()
     except ImportError:
         pass
+
+# Once per process, where the GIL is on in a free-threaded Python: which module turned it on
+# (common/gil.py). Not in a worker, whose loader's process said it already (worker/process.py
+# speaks for what a worker imports itself).
+_gil.imported()
+if not _os.environ.get("STOKER_NODE_POOL") and not _gil.in_worker_start():
+    _gil.warn_if_enabled()

@@ -9,12 +9,16 @@ import tempfile
 import stoker
 from scenario_datasets import FlakyAt, HangsAt, RaisesAt, RaisesInStream
 from scenarios import expect_raises
-from scenarios.probes import children, labels
+from scenarios.probes import labels, leftovers
 
 
 def timeout_raises_worker_hung():
-    """`timeout` raises WorkerHung within seconds, with the index, the worker and its stack."""
-    loader = stoker.DataLoader(HangsAt(9), batch_size=2, num_workers=2, timeout=2)
+    """`timeout` raises WorkerHung within seconds, with the index, the worker and its stack.
+    Forked workers: `timeout` bounds each wait for a batch, the first one's too, which holds the
+    workers' start; spawned ones (3.14's forkserver) import torch first, which a busy machine
+    may take past 2 s over, and the hang would then be one at start-up, with no index."""
+    loader = stoker.DataLoader(HangsAt(9), batch_size=2, num_workers=2, timeout=2,
+                               multiprocessing_context="fork")
     with expect_raises(stoker.WorkerHung) as raised:  # (its test's bound: the scenario's)
         list(loader)
     e = raised.value
@@ -26,7 +30,7 @@ def timeout_raises_worker_hung():
     assert "dataset index 9" in msg and "_wait_forever" in msg, msg
     del loader, e, raised
     gc.collect()
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def hang_timeout_quarantines():

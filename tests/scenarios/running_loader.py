@@ -19,7 +19,8 @@ def slow_epoch(context=None):
     loader = stoker.DataLoader(Slow(100_000), batch_size=2, num_workers=2,
                                multiprocessing_context=context)
     it = iter(loader)
-    next(it)
+    next(it), next(it)  # a batch from each worker: both have started (spawn and forkserver,
+    # 3.14's default, import torch first: a Ctrl+C before a worker's first line interrupts it)
     print("PIDS", *[p.pid for p in it._workers], flush=True)
     for _ in it:
         pass

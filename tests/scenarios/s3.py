@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import stoker
-from scenarios.probes import children
+from scenarios.probes import leftovers
 
 BUCKET = "stoker-test"
 N, SIZE = 96, 8192
@@ -124,4 +124,4 @@ def read_from_worker_threads():
     finally:
         proc.terminate()
         proc.wait(30)
-    assert not children(), children()
+    assert not leftovers(), leftovers()

@@ -12,24 +12,9 @@ import tempfile
 import stoker
 from scenario_datasets import DieAtStart, DiesWhileStarting, RaisesWhileStarting, Squares
 from scenarios import expect_raises
-from scenarios.probes import children, labels
+from scenarios.probes import labels, leftovers
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGSEGV": signal.SIGSEGV}
-
-
-def left() -> list[int]:
-    """Children still there, less multiprocessing's resource tracker (spawn starts it once for
-    the process, as it does for torch's workers; it is not a worker)."""
-    out = []
-    for pid in children():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"resource_tracker" in f.read():
-                    continue
-        except OSError:
-            continue
-        out.append(pid)
-    return out
 
 
 def _loader(context: str, sig: str, times, n: int = 32, **kw):
@@ -57,7 +42,7 @@ def killed_at_start_is_restarted(context: str, sig: str, persistent: bool = Fals
     if context != "fork":  # before its status page: named as a start-up death
         assert all("while starting" in str(d) for d in deaths), [str(d) for d in deaths]
     del loader
-    assert not left(), left()
+    assert not leftovers(), leftovers()
 
 
 def killed_at_every_start_names_the_history(context: str):
@@ -72,7 +57,7 @@ def killed_at_every_start_names_the_history(context: str):
     if context != "fork":
         assert msg.count("while starting") >= 4, msg
     assert len(loader.deaths) == 4, loader.deaths
-    assert not left(), left()
+    assert not leftovers(), leftovers()
 
 
 def raise_policy_names_a_start_up_kill(context: str):
@@ -85,7 +70,7 @@ def raise_policy_names_a_start_up_kill(context: str):
     assert "SIGKILL" in msg and "pickl" not in msg, msg
     if context != "fork":
         assert "while starting" in msg, msg
-    assert not left(), left()
+    assert not leftovers(), leftovers()
 
 
 def start_up_that_raises_ends_at_once():
@@ -98,7 +83,7 @@ def start_up_that_raises_ends_at_once():
     e = raised.value
     assert "while starting" in str(e) and e.exit_code not in (None, 0), str(e)
     assert len(loader.deaths) == 1, loader.deaths
-    assert not left(), left()
+    assert not leftovers(), leftovers()
 
 
 def _raising_init(worker_id):
@@ -117,4 +102,4 @@ def init_fn_that_raises_ends_at_once():
     assert "no credentials for s3://bucket/shards" in text, text
     assert "_raising_init" in text, text  # the worker's traceback
     assert not loader.deaths, loader.deaths
-    assert not left(), left()
+    assert not leftovers(), leftovers()

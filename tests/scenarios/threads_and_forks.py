@@ -142,3 +142,47 @@ def forks_gc_and_restarts_keep_every_sample():
         assert x.flatten(1)[:, 0].tolist() == [float(v) for v in y.tolist()], y.tolist()
     assert sorted(seen) == list(range(200)), "samples lost or duplicated"
     assert len(loader.deaths) == 5, loader.deaths
+
+
+def stats_read_from_threads_while_iterating(marks: str):
+    """Threads read stats(), deaths, skipped and `stoker top`'s snapshot all the while the main
+    thread iterates a loader whose workers load with threads and one of which is killed: every
+    read is a whole report, and every sample arrives once."""
+    import json
+
+    from stoker.tools import top
+
+    loader = stoker.DataLoader(KillsOnceAt([37], marks, n=160), batch_size=4, num_workers=2,
+                               threads_per_worker=3)
+    done, reads, errors = threading.Event(), [0] * 4, []
+
+    def read(n):
+        try:
+            while True:  # (at least once, however late this thread runs)
+                s = stoker.stats(loader) if n % 2 else loader.stats()
+                json.dumps(s)  # (a report a thread got whole is JSON-able)
+                assert all(isinstance(w["id"], int) for w in s["workers"]), s
+                assert isinstance(stoker.deaths(loader), list)
+                assert isinstance(stoker.skipped(loader), list)
+                if n == 0:
+                    assert isinstance(top.snapshot(), list)
+                reads[n] += 1
+                if done.is_set():
+                    return
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        got = sorted(int(x) for b in loader for x in b[1])
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    assert got == list(range(160)), got
+    assert len(loader.deaths) == 1 and all(r > 0 for r in reads), (loader.deaths, reads)
+    assert len(loader.stats()["deaths"]) == 1

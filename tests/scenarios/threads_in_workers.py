@@ -16,7 +16,7 @@ import torch
 import stoker
 from scenario_datasets import KillsOnceAt, KillsSelfAt, RaisesAt, Squares
 from scenarios import expect_raises
-from scenarios.probes import children
+from scenarios.probes import leftovers
 
 
 def labels(batches) -> list:
@@ -370,7 +370,7 @@ def segfault_raises():
     assert e.signal == "SIGSEGV" and e.indices == [21], (e.signal, e.indices)
     assert "dataset index 21" in str(e).splitlines()[0], str(e)
     gc.collect()
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def sigkill_with_many_in_flight():
@@ -414,7 +414,7 @@ def hung_thread_named():
     assert "hung for" in msg and "hang_timeout" in msg, msg
     assert "HangsInAThread" in msg or "threads_in_workers.py" in msg, msg
     gc.collect()
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def resume_mid_epoch_across_threads():

@@ -15,7 +15,7 @@ import torch
 import stoker
 from scenario_datasets import KillsOnceAt, KillsSelfAt, Slow, Squares
 from scenarios import expect_raises
-from scenarios.probes import children, labels
+from scenarios.probes import labels, leftovers
 
 
 class SaysGoodbye(Squares):
@@ -43,7 +43,7 @@ def repeated_sigkill():
     ref = list(stoker.DataLoader(Squares(64), batch_size=4, shuffle=True, num_workers=2,
                                  generator=torch.Generator().manual_seed(0)))
     assert [b[1].tolist() for b in got] == [b[1].tolist() for b in ref]
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def external_sigkill_over_epochs():
@@ -61,7 +61,7 @@ def external_sigkill_over_epochs():
     it = loader._iterator
     del loader, it, b
     gc.collect()
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def segfault_raises():
@@ -76,7 +76,7 @@ def segfault_raises():
     assert "dataset index 21" in msg, msg
     assert "Segmentation fault" in msg and "__getitem__" in msg, msg   # faulthandler's stack
     assert "scenario_datasets.py" in msg, msg
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def segfault_quarantined():
@@ -114,7 +114,7 @@ def restart_budget_raises():
     msg = str(raised.value)
     assert "max_restarts=3" in msg and "Deaths this epoch" in msg, msg
     assert msg.count("SIGKILL") >= 4, msg
-    assert not children(), children()
+    assert not leftovers(), leftovers()
 
 
 def exit_code_names_stderr():

@@ -128,8 +128,8 @@ def _output(stdout: str | None, stderr: str | None) -> str:
 
 def start_running_loader(context=None):
     """A child process iterating a slow loader (its own session, so a test can signal the group):
-    scenario ``running_loader.slow_epoch``. Returns (Popen, worker pids) once the first batch
-    has arrived. The test ends it (a signal): it never ends with OK."""
+    scenario ``running_loader.slow_epoch``. Returns (Popen, worker pids) once a batch from each
+    worker has arrived. The test ends it (a signal): it never ends with OK."""
     proc = subprocess.Popen(scenario_command("running_loader.slow_epoch", context),
                             cwd=HERE, env=scenario_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

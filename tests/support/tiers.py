@@ -8,6 +8,13 @@
   SYSTEM, marked here.
 - ``scenario``: everything else: real workers, scenarios in a fresh interpreter.
 
+Beside the tiers, ``free_threading`` marks the tests of FREE_THREADING (modules or folders under
+tests/): the free-threaded leg, ``make test-ft FT_PYTHON=/path/to/python3.14t`` (docs/develop.md),
+runs them on a free-threaded Python, which no registry serves and CI therefore lacks. They are
+the thread, fault, start-method and binding tests, which run on every Python too (the tests of
+the free-threaded path itself skip where there is a GIL). ``python tests/support/tiers.py
+free-threading`` prints their paths (the Makefile's list).
+
 ``make test`` runs every tier, as CI does. Every test also has a time bound (pytest-timeout:
 ``timeout`` in pyproject.toml; a test that needs more says ``@pytest.mark.timeout(N)``), so a
 hang in the test's own process fails that test instead of eating CI's run;
@@ -33,6 +40,30 @@ SYSTEM = (
     "loader/resume/test_with_frameworks.py",
     "vision/",
     "placements/ray/cluster/",
+)
+
+# The free-threaded leg (make test-ft): threads hammering the bindings, the GIL's state and the
+# module that turns it on, threads_per_worker, worker deaths, hangs and errors, descriptors,
+# lifecycle and OOM kills under 3.14's default start method (forkserver), threads and forks, each
+# start method, loads-once, SharedList. A system module here is still left out.
+FREE_THREADING = (
+    "test_bindings_under_threads.py",
+    "test_free_threading.py",
+    "common/test_gil.py",
+    "tools/test_doctor_gil.py",
+    "worker/test_threads.py",
+    "worker/test_gate_mutants.py",
+    "worker/test_loads_once.py",
+    "loader/test_errors.py",
+    "loader/test_resources.py",
+    "loader/iterators/test_lifecycle.py",
+    "loader/iterators/test_oom.py",
+    "loader/iterators/test_threads_and_forks.py",
+    "loader/iterators/test_worker_deaths.py",
+    "loader/iterators/test_startup_deaths.py",
+    "loader/iterators/test_hangs_and_errors.py",
+    "wire/test_spawn_start.py",
+    "datasets/test_shared_list.py",
 )
 
 TIERS = ("unit", "scenario", "system")
@@ -63,7 +94,14 @@ def tier_of(item) -> str:
     return "scenario"
 
 
+def in_free_threading_leg(item) -> bool:
+    rel = os.path.relpath(str(item.path), HERE).replace(os.sep, "/")
+    return any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in FREE_THREADING)
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "free_threading: the free-threaded leg runs it "
+                            "(make test-ft; FREE_THREADING in tests/support/tiers.py)")
     for tier, what in (("unit", "no process is started (make test-quick)"),
                        ("scenario", "real worker processes, scenarios in fresh interpreters"),
                        ("system", "frameworks, Ray, benches, the soak, the vision venv")):
@@ -77,6 +115,8 @@ def pytest_collection_modifyitems(config, items):
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
+        if in_free_threading_leg(item) and item.get_closest_marker("free_threading") is None:
+            item.add_marker(pytest.mark.free_threading)
         if lift:  # the closest timeout marker wins: this one, before the test's own
             item.add_marker(pytest.mark.timeout(0), append=False)
 
@@ -99,3 +139,11 @@ def _unit_starts_no_process(request, monkeypatch):
     _started.clear()
     yield
     assert not _started, f"a unit test started a process: {_started}"
+
+
+if __name__ == "__main__":  # python tests/support/tiers.py free-threading: the leg's paths
+    import sys
+
+    if sys.argv[1:] != ["free-threading"]:
+        raise SystemExit("usage: python tests/support/tiers.py free-threading")
+    print(" ".join(os.path.join("tests", m) for m in FREE_THREADING))

@@ -34,6 +34,7 @@ def test_objects_come_back_equal_shared_and_copy_on_write(tmp_path):
     # torch's own reduction (what a Parameter takes, as under plain spawn) moves its storage to
     # shared memory once, with a descriptor: that one stays.
     Sealed(objects).close()
+    gc.collect()  # (garbage of earlier tests whose descriptors the collection below would close)
     fds_before = set(os.listdir("/proc/self/fd"))
     sealed = Sealed(objects)
     try:
@@ -111,6 +112,7 @@ def test_no_descriptor_is_left_when_pickling_fails_midway_or_the_sealed_is_dropp
     np.save(tmp_path / "m.npy", np.arange(10_000))
     mm = np.load(tmp_path / "m.npy", mmap_mode="r")
     q = mp.get_context("spawn").Queue()
+    gc.collect()  # (garbage of earlier tests whose descriptors the collection below would close)
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(TypeError):  # the memmap's file and the queue's pipe were taken first
         Sealed([mm, q, threading.Lock()])

@@ -32,8 +32,11 @@ class Samples(Dataset):
 
 
 def both(make, n=4, **kwargs):
-    """(torch's batches, stoker's batches) for the same dataset and arguments, two workers."""
-    theirs = list(DataLoader(Samples(make, n), num_workers=2, **kwargs))
+    """(torch's batches, stoker's batches) for the same dataset and arguments, two workers.
+    torch's forks them: under spawn and forkserver (3.14's default) it cannot pickle the tests'
+    local functions, which stoker's workers get by value."""
+    theirs = list(DataLoader(Samples(make, n), num_workers=2,
+                             **{"multiprocessing_context": "fork", **kwargs}))
     ours = list(stoker.DataLoader(Samples(make, n), num_workers=2, **kwargs))
     return theirs, ours
 
@@ -161,9 +164,10 @@ def test_nested_tensors_with_default_collate_raise_torchs_error():
     def make(i):
         return torch.nested.nested_tensor([torch.arange(2.0), torch.arange(3.0)], layout=torch.jagged)
 
-    for loader in (DataLoader, stoker.DataLoader):
+    # (torch's forks: it cannot pickle `make`, see `both`)
+    for loader, kw in ((DataLoader, {"multiprocessing_context": "fork"}), (stoker.DataLoader, {})):
         with pytest.raises(RuntimeError, match="Batches of nested tensors are not currently"):
-            list(loader(Samples(make), batch_size=2, num_workers=2))
+            list(loader(Samples(make), batch_size=2, num_workers=2, **kw))
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,7 +202,8 @@ def test_tensors_stay_alive_until_copied(tmp_path):
     ours = list(stoker.DataLoader(Samples(_Bound(file_backed, path)), batch_size=2,
                                   num_workers=2, collate_fn=lambda batch: batch[0]))
     theirs = list(DataLoader(Samples(_Bound(file_backed, path, True)), batch_size=2,
-                             num_workers=2, collate_fn=lambda batch: batch[0]))
+                             num_workers=2, collate_fn=lambda batch: batch[0],
+                             multiprocessing_context="fork"))  # (see `both`)
     assert_same(theirs, ours)
     assert ours[0][0][255] == 255 and ours[0][1] == 7
 

@@ -5,7 +5,8 @@
 // object it viewed (a Py_buffer, a DLPack export or the tensor itself) until Clear(): the encoder
 // copies from these pointers later, with the GIL released, and Python code it runs meanwhile (a
 // __reduce__ while pickling another part of the batch) may drop every other reference.
-// REQUIRES: the GIL, for every member.
+// Threads: a BorrowedArrays belongs to one encoder, used by one thread at a time; its members
+// call Python (attached to the interpreter; the GIL where there is one).
 #pragma once
 
 #include <deque>

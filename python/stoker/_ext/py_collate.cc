@@ -11,9 +11,14 @@ namespace stoker::py {
 
 std::string PyBatchEncoder::SampleName(size_t i) const {
   std::string s = "sample " + std::to_string(i);
-  if (indices_.is_valid() && !indices_.is_none() && PyList_Check(indices_.ptr()) &&
-      static_cast<Py_ssize_t>(i) < PyList_GET_SIZE(indices_.ptr())) {
-    s += " (dataset index " + Repr(PyList_GET_ITEM(indices_.ptr(), i)) + ")";
+  if (indices_.is_valid() && !indices_.is_none() && PyList_Check(indices_.ptr())) {
+    // (a new reference: the list may change while the message is built)
+    nb::object index = nb::steal(PySequence_GetItem(indices_.ptr(), static_cast<Py_ssize_t>(i)));
+    if (index.is_valid()) {
+      s += " (dataset index " + Repr(index) + ")";
+    } else {
+      PyErr_Clear();
+    }
   }
   return s;
 }
@@ -38,17 +43,20 @@ bool PyBatchEncoder::CollateDict(const std::vector<PyObject*>& s, std::string& p
   for (size_t i = 1; i < n; ++i) {
     if (!PyDict_CheckExact(s[i])) return false;
   }
-  wire_.AddContainer(NodeKind::kDict, static_cast<uint32_t>(PyDict_GET_SIZE(first)));
-  PyObject *key, *value;
-  Py_ssize_t pos = 0;
+  // The first sample's keys and every sample's values are held while the column is collated
+  // (common.h: another thread, or a __repr__ this runs, may change the dicts meanwhile).
+  const std::vector<nb::object> items = DictItems(first);
+  wire_.AddContainer(NodeKind::kDict, static_cast<uint32_t>(items.size() / 2));
   std::vector<PyObject*> column(n);
-  while (PyDict_Next(first, &pos, &key, &value)) {
+  std::vector<nb::object> held(n);
+  for (size_t k = 0; k < items.size(); k += 2) {
+    PyObject* key = items[k].ptr();
     const size_t mark = path.size();
     path += "[" + Repr(key) + "]";
     for (size_t i = 0; i < n; ++i) {
-      column[i] = PyDict_GetItemWithError(s[i], key);
+      held[i] = i == 0 ? items[k + 1] : DictGet(s[i], key);
+      column[i] = held[i].ptr();
       if (column[i] == nullptr) {
-        if (PyErr_Occurred()) throw nb::python_error();
         const std::string msg = SampleName(i) + " has no key " + Repr(key) + " that " +
                                 SampleName(0) + " has (at " +
                                 (mark == 0 ? std::string("the top level") : path.substr(0, mark)) +
@@ -99,10 +107,15 @@ bool PyBatchEncoder::CollateNamedTuple(const std::vector<PyObject*>& s, std::str
 bool PyBatchEncoder::CollateSequence(const std::vector<PyObject*>& s, std::string& path,
                                      int depth) {
   const size_t n = s.size();
-  const Py_ssize_t len = PySequence_Fast_GET_SIZE(s[0]);
+  // Each sample's items, held (a list is copied at once: common.h).
+  std::vector<nb::object> seqs(n);
   for (size_t i = 0; i < n; ++i) {
     if (!PyList_CheckExact(s[i]) && !PyTuple_CheckExact(s[i])) return false;
-    const Py_ssize_t li = PySequence_Fast_GET_SIZE(s[i]);
+    seqs[i] = AsTuple(s[i]);
+  }
+  const Py_ssize_t len = PyTuple_GET_SIZE(seqs[0].ptr());
+  for (size_t i = 0; i < n; ++i) {
+    const Py_ssize_t li = PyTuple_GET_SIZE(seqs[i].ptr());
     if (li != len) {
       std::string where = path.empty() ? "the top level" : path;
       RaiseStoker("CollateError",
@@ -116,7 +129,7 @@ bool PyBatchEncoder::CollateSequence(const std::vector<PyObject*>& s, std::strin
   wire_.AddContainer(NodeKind::kList, static_cast<uint32_t>(len));
   std::vector<PyObject*> column(n);
   for (Py_ssize_t p = 0; p < len; ++p) {
-    for (size_t i = 0; i < n; ++i) column[i] = PySequence_Fast_ITEMS(s[i])[p];
+    for (size_t i = 0; i < n; ++i) column[i] = PyTuple_GET_ITEM(seqs[i].ptr(), p);
     const size_t mark = path.size();
     path += "[" + std::to_string(p) + "]";
     if (!Collate(column, path, depth + 1, true)) return false;

@@ -9,6 +9,9 @@
 //   slot bytes kept lent by the user <= kViewSlotDivisor * bytes of the tensors they hold.
 // If every array of a batch is copied, nothing refers to the owner once the batch is built and
 // the slot is free again before the batch reaches the user.
+//
+// Threads: BuildBatch keeps no state; several threads may build batches at once (each from its
+// own DecodedBatch), with or without the GIL.
 #pragma once
 
 #include <cstdint>

@@ -147,23 +147,24 @@ bool PyBatchEncoder::Value(PyObject* obj, EncodeMode mode, int depth) {
 // list, tuple, dict and namedtuple keep their type (default_convert makes tuples lists).
 bool PyBatchEncoder::Container(PyObject* obj, EncodeMode mode, int depth, bool* handled) {
   *handled = true;
+  // A list's or dict's items are read at once into held references (common.h): another thread,
+  // or Python code the encoding runs (a __reduce__), may change the container meanwhile.
   if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
     const bool as_tuple = PyTuple_CheckExact(obj) && mode == EncodeMode::kAsIs;
-    const Py_ssize_t len = PySequence_Fast_GET_SIZE(obj);
+    const nb::object items = AsTuple(obj);
+    const Py_ssize_t len = PyTuple_GET_SIZE(items.ptr());
     wire_.AddContainer(as_tuple ? NodeKind::kTuple : NodeKind::kList, static_cast<uint32_t>(len));
-    PyObject** items = PySequence_Fast_ITEMS(obj);
     for (Py_ssize_t i = 0; i < len; ++i) {
-      if (!Value(items[i], mode, depth + 1)) return false;
+      if (!Value(PyTuple_GET_ITEM(items.ptr(), i), mode, depth + 1)) return false;
     }
     return true;
   }
   if (PyDict_CheckExact(obj)) {
-    wire_.AddContainer(NodeKind::kDict, static_cast<uint32_t>(PyDict_GET_SIZE(obj)));
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(obj, &pos, &key, &value)) {
-      if (!Value(key, EncodeMode::kAsIs, depth + 1)) return false;
-      if (!Value(value, mode, depth + 1)) return false;
+    const std::vector<nb::object> items = DictItems(obj);
+    wire_.AddContainer(NodeKind::kDict, static_cast<uint32_t>(items.size() / 2));
+    for (size_t i = 0; i < items.size(); i += 2) {
+      if (!Value(items[i].ptr(), EncodeMode::kAsIs, depth + 1)) return false;
+      if (!Value(items[i + 1].ptr(), mode, depth + 1)) return false;
     }
     return true;
   }
@@ -193,11 +194,12 @@ bool PyBatchEncoder::Describe(nb::handle obj, EncodeMode mode, nb::handle indice
   bool ok;
   try {
     if (mode == EncodeMode::kCollate) {
-      if (!PyList_Check(obj.ptr()) || PyList_GET_SIZE(obj.ptr()) == 0) {
+      const nb::object held = PyList_Check(obj.ptr()) ? AsTuple(obj.ptr()) : nb::object();
+      if (!held.is_valid() || PyTuple_GET_SIZE(held.ptr()) == 0) {
         ok = false;
       } else {
-        PyObject** items = PySequence_Fast_ITEMS(obj.ptr());
-        std::vector<PyObject*> samples(items, items + PyList_GET_SIZE(obj.ptr()));
+        PyObject** items = &PyTuple_GET_ITEM(held.ptr(), 0);
+        std::vector<PyObject*> samples(items, items + PyTuple_GET_SIZE(held.ptr()));
         std::string path;
         ok = Collate(samples, path, 0);
       }

@@ -12,7 +12,12 @@
 // kConvert); py_collate.cc walks the samples' common structure (dict, namedtuple, list) and
 // checks that every sample has it; py_collate_leaves.cc stacks one column of leaves (tensors,
 // arrays, numbers, strings). py_array_view.h reads the memory of tensors and arrays.
-// REQUIRES: the GIL, for every member.
+// Threads: a PyBatchEncoder is used by one thread at a time (its owner: a WorkerEndpoint's one
+// caller, or one encode() call); distinct encoders run in parallel threads, with or without the
+// GIL. Describe() calls Python (attached to the interpreter); a container it walks may be
+// changed by another thread meanwhile: its items are read into held references at once
+// (common.h), so the batch is laid out as the container was at some moment, and nothing freed
+// is read.
 #pragma once
 
 #include <string>

@@ -13,8 +13,12 @@
 // Numbers little-endian. Every read is checked against the item's end: a corrupt buffer raises
 // ValueError, never reads past it.
 //
-// Threads: everything here runs with the GIL held (it makes Python objects). A SharedItems is
-// immutable once made: any thread.
+// Threads: encode_items may run in several threads at once, each with its own `schemas` and
+// `schema_ids` (they belong to the call: SharedList makes new ones); an item that another thread
+// changes meanwhile is read as it was at some moment (its containers' items are held at once,
+// common.h), never from freed memory. A SharedItems is immutable once made: any number of
+// threads read it at once, with or without the GIL (each read builds fresh objects from the
+// buffer, which nobody writes).
 #include <Python.h>
 
 #include <cstdint>
@@ -72,17 +76,17 @@ class Encoder {
     }
     if (depth < kMaxDepth && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
       const bool list = PyList_CheckExact(obj);
-      const Py_ssize_t n = list ? PyList_GET_SIZE(obj) : PyTuple_GET_SIZE(obj);
+      // The items as they are now, held (common.h): pickling a value runs Python code, and
+      // another thread may change the list meanwhile.
+      PyObject* items = list ? PyList_AsTuple(obj) : obj;
+      if (items == nullptr) return false;
+      const nb::object held = list ? nb::steal(items) : nb::borrow(items);
+      const Py_ssize_t n = PyTuple_GET_SIZE(items);
       if (n > static_cast<Py_ssize_t>(UINT32_MAX)) return Pickled(obj);
       Tag(list ? 'l' : 'u');
       Raw(static_cast<uint32_t>(n));
       for (Py_ssize_t i = 0; i < n; ++i) {
-        // (held while it is written: pickling a value runs Python code, which may change the
-        // list; a list that shrinks meanwhile is an error, not a read past its end)
-        PyObject* item = list ? PyList_GetItem(obj, i) : PyTuple_GET_ITEM(obj, i);
-        if (item == nullptr) return false;
-        nb::object held = nb::borrow(item);
-        if (!Value(held.ptr(), depth + 1)) return false;
+        if (!Value(PyTuple_GET_ITEM(items, i), depth + 1)) return false;
       }
       return true;
     }
@@ -94,29 +98,35 @@ class Encoder {
 
  private:
   bool Dict(PyObject* obj, int depth) {
-    // Its keys and values read first, held: writing a value may run Python code (pickling)
-    // that changes the dict.
-    const Py_ssize_t n = PyDict_GET_SIZE(obj);
+    // Its keys and values read first, in one go, held (common.h): writing a value may run
+    // Python code (pickling) that changes the dict, and so may another thread.
+    std::vector<nb::object> items;
+    try {
+      items = DictItems(obj);
+    } catch (nb::python_error& e) {
+      e.restore();
+      return false;
+    }
+    const Py_ssize_t n = static_cast<Py_ssize_t>(items.size() / 2);
     nb::object keys = nb::steal(PyTuple_New(n));
     nb::object values = nb::steal(PyTuple_New(n));
     if (!keys.is_valid() || !values.is_valid()) return false;
-    Py_ssize_t pos = 0, i = 0;
-    PyObject *k = nullptr, *v = nullptr;
-    while (PyDict_Next(obj, &pos, &k, &v)) {
-      if (!PyUnicode_CheckExact(k) || i >= n) return Pickled(obj);
-      Py_INCREF(k);
-      Py_INCREF(v);
-      PyTuple_SET_ITEM(keys.ptr(), i, k);
-      PyTuple_SET_ITEM(values.ptr(), i, v);
-      ++i;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!PyUnicode_CheckExact(items[2 * i].ptr())) return Pickled(obj);
+      PyTuple_SET_ITEM(keys.ptr(), i, items[2 * i].inc_ref().ptr());
+      PyTuple_SET_ITEM(values.ptr(), i, items[2 * i + 1].inc_ref().ptr());
     }
-    if (i != n) return Pickled(obj);
-    PyObject* known = PyDict_GetItemWithError(ids_.ptr(), keys.ptr());  // borrowed
+    nb::object known;
+    try {
+      known = DictGet(ids_.ptr(), keys.ptr());
+    } catch (nb::python_error& e) {
+      e.restore();
+      return false;
+    }
     uint32_t id = 0;
-    if (known != nullptr) {
-      id = static_cast<uint32_t>(PyLong_AsUnsignedLong(known));
+    if (known.is_valid()) {
+      id = static_cast<uint32_t>(PyLong_AsUnsignedLong(known.ptr()));
     } else {
-      if (PyErr_Occurred()) return false;
       id = static_cast<uint32_t>(PyList_GET_SIZE(schemas_.ptr()));
       nb::object idobj = nb::steal(PyLong_FromUnsignedLong(id));
       if (!idobj.is_valid() || PyList_Append(schemas_.ptr(), keys.ptr()) != 0 ||

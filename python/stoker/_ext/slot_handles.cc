@@ -30,7 +30,7 @@ void UnlockPending() { PendingMutex().unlock(); }
 // In a forked child: the main process's pending batches are not ours; drop their mappings.
 void DropPendingInChild() {
   for (PendingBatch* p : Pending()) {
-    p->consumed = true;
+    p->consumed.store(true);
     p->segment.reset();
   }
   PendingMutex().unlock();
@@ -90,8 +90,17 @@ void ReleaseGate::Close() {
 }
 
 void HeldReleases::Release() {
-  for (SlotRelease& r : releases) r.Release();
-  releases.clear();
+  std::vector<SlotRelease> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    now.swap(releases_);
+  }
+  for (SlotRelease& r : now) r.Release();
+}
+
+size_t HeldReleases::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return releases_.size();
 }
 
 SlotLease::~SlotLease() {
@@ -130,8 +139,7 @@ void PendingBatch::TakeSlot() {
                                    "; a forked child cannot take it. "
                                    "Iterate a DataLoader created in the child instead.");
   }
-  if (consumed) RaiseStoker("EngineError", "this batch was already handed out");
-  consumed = true;
+  if (consumed.exchange(true)) RaiseStoker("EngineError", "this batch was already handed out");
   const SlotHeader* header = reinterpret_cast<SlotHeader*>(segment->data());
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
   if (header->magic != kSlotMagic || !word.Lend(generation)) {
@@ -169,8 +177,7 @@ nb::object PendingBatch::Lend() {
 }
 
 void PendingBatch::Discard() {
-  if (consumed || !segment) return;
-  consumed = true;
+  if (!segment || consumed.exchange(true)) return;
   if (owner != getpid()) return;  // inherited by a forked child: the slot is not ours to free
   // Only READY: a slot already LENT under this generation belongs to a lease.
   SlotWord word(reinterpret_cast<SlotHeader*>(segment->data()));
@@ -184,17 +191,12 @@ void register_slot_handles(nb::module_& m) {
                            "Slot hand-backs taken from a gate, waiting for the copies that read "
                            "the slots; handed back by release() or when this is dropped.")
       .def("release", &HeldReleases::Release, "Hands the slots back to their workers.")
-      .def("__len__", [](const HeldReleases& h) { return h.releases.size(); });
+      .def("__len__", &HeldReleases::size);
   nb::class_<ReleaseGate>(m, "ReleaseGate",
                           "Where the hand-back of a dead lease's slot waits (GPU copies).")
       .def(nb::init<>())
       .def(
-          "take",
-          [](ReleaseGate& g) {
-            auto* out = new HeldReleases();
-            out->releases = g.Take();
-            return out;
-          },
+          "take", [](ReleaseGate& g) { return new HeldReleases(g.Take()); },
           nb::rv_policy::take_ownership, "The hand-backs held since the last take().")
       .def_prop_ro("held", &ReleaseGate::held)
       .def("close", &ReleaseGate::Close, "Hands back what is held; nothing is held from now on.");

@@ -18,14 +18,19 @@
 // (take() -> HeldReleases.release()). A gate that is closed, or held releases that are dropped,
 // hand the slots back at once.
 //
-// Threads: these objects are touched with the GIL held; the registry of pending batches has
-// its own mutex (taken by the fork handler while the process forks), and a gate has its own
-// (a lease may die on any thread that holds the GIL).
+// Threads (with or without the GIL: the extension is free-threaded, common.h): a SlotLease is
+// immutable once made and dies on whichever thread drops its last view; a gate and a
+// HeldReleases each have their own mutex (held for a few instructions, no Python call inside);
+// a PendingBatch is handed out at most once however many threads call decode(), lend() or
+// discard() at once (an atomic flag: the first wins, the others are told it was handed out);
+// the registry of pending batches has its own mutex (taken by the fork handler while the
+// process forks). A MappedRegion is read-only; sole() is a snapshot.
 #pragma once
 
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -60,10 +65,17 @@ class ReleaseGate {
 };
 
 // Slot hand-backs taken from a gate, waiting for their copies: release() (or destruction).
-struct HeldReleases {
-  std::vector<SlotRelease> releases;
-  void Release();
+// Thread-safe: release() from two threads at once hands each slot back once.
+class HeldReleases {
+ public:
+  explicit HeldReleases(std::vector<SlotRelease> releases) : releases_(std::move(releases)) {}
   ~HeldReleases() { Release(); }
+  void Release();
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<SlotRelease> releases_;
 };
 
 struct SlotLease {
@@ -92,7 +104,7 @@ struct PendingBatch {
   uint32_t generation = 0;
   uint64_t nbytes = 0;
   int worker = -1;
-  bool consumed = false;
+  std::atomic<bool> consumed{false};  // handed out (or discarded): exchanged, so once
   pid_t owner = getpid();
   PendingBatch();
   ~PendingBatch();

@@ -42,6 +42,11 @@ class BatchEncodingError(TypeError):
     """A batch holds an object that can be neither laid out in shared memory nor pickled."""
 
 
+class GILEnabledWarning(RuntimeWarning):
+    """The GIL is on in a free-threaded Python, turned on by a module's import
+    (``common/gil.py``): threads take turns on one core."""
+
+
 class FallbackRequired(Exception):
     """Internal: the C++ collate fast path declined; collate in Python instead."""
 

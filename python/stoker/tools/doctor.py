@@ -294,6 +294,10 @@ def run_checks(sample_mb: float = 1.0, shm_dir: str = SHM) -> list[dict]:
             if cuda and method == "fork" else ""))
     except ImportError:
         checks.append(_check("torch", "warn", "not installed", "pip install torch"))
+    # on a free-threaded Python: the installed modules whose import turns the GIL back on
+    from . import doctor_gil
+
+    checks.append(doctor_gil.check())
     # workers that wait rather than compute (threads_per_worker)
     from . import top
 

@@ -32,3 +32,8 @@ def test_no_sequence_of_forks_gc_and_restarts_loses_or_repeats_a_sample():
     # 10 batches that collects garbage, workers killed and restarted (by fork, so each new worker
     # inherits every live lease), and a garbage collector that runs all the time.
     run_ok("threads_and_forks.forks_gc_and_restarts_keep_every_sample", timeout=180)
+
+
+def test_stats_read_from_threads_while_iterating_with_a_death(tmp_path):
+    run_ok("threads_and_forks.stats_read_from_threads_while_iterating", str(tmp_path),
+           timeout=180)

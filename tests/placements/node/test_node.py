@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 
@@ -126,8 +127,12 @@ def test_same_batches_as_local_workers_one_pool_for_all_ranks(tmp_path, local_re
     pools = [r["pool"] for r in reps]
     assert pools[0]["pid"] == pools[1]["pid"]
     assert pools[0]["pids"] == pools[1]["pids"] and len(pools[0]["pids"]) == 2
-    # the pool is a fork of a rank: what it holds it shares with that rank and its workers
-    assert reps[0]["pool_own_kb"] < 40 * 1024, reps[0]["pool_own_kb"]
+    # the pool is a fork of a rank: what it holds it shares with that rank and its workers. On a
+    # free-threaded build, less the pages that hold the rank's objects: its collector (and
+    # gc.freeze) writes a bit into every object, ~50 MB with torch imported; a pool that imported
+    # torch anew would hold ~330 MB there, ~150 MB with a GIL
+    limit_mb = 100 if sysconfig.get_config_var("Py_GIL_DISABLED") else 40
+    assert reps[0]["pool_own_kb"] < limit_mb * 1024, reps[0]["pool_own_kb"]
     _exactly_once(reps)
     assert _gone([pools[0]["pid"], *pools[0]["pids"]]) == []
 

@@ -6,6 +6,7 @@ Called by the thread that calls ``iter(loader)``.
 
 from __future__ import annotations
 
+from ...common import gil as _gil
 from ...common import torch_compat as _torch_compat
 from .multi import MultiProcessIter
 from .single import SingleProcessIter
@@ -31,7 +32,9 @@ def forget_closed_iterator(loader) -> None:
 def new_iterator(loader, options, served_by: str):
     """The iterator for one ``iter(loader)`` (torch's ``_get_iterator``): stoker's one-process
     iterator with ``num_workers=0``, its multi-process iterator otherwise. `options`: a
-    ``config.Options``; `served_by`: "stoker.DataLoader" or "stoker.enable()"."""
+    ``config.Options``; `served_by`: "stoker.DataLoader" or "stoker.enable()". On a free-threaded
+    Python whose GIL a module turned on since ``import stoker``, says so once (common/gil.py)."""
+    _gil.warn_if_enabled(stacklevel=5)  # (at the caller's `for` or iter())
     if loader.num_workers == 0:
         return SingleProcessIter(loader, options)
     loader.check_worker_number_rationality()
