@@ -83,7 +83,14 @@ class Loading:
         return iter(self._batch) if self._batch is not None else iter(())
 
     def result(self):
-        return self._finish()
+        finish = self._finish
+        if finish is None:
+            raise RuntimeError("stoker: a task's samples were taken once already")
+        # Let go of the closure and the batch once taken: `finish` refers to this Loading, and
+        # the cycle would keep the task's samples alive until a full garbage collection (few
+        # Python objects, large tensors: it rarely comes; measured +60 MB an epoch on 3.11).
+        self._finish = self._batch = None
+        return finish()
 
 
 class _Fetcher:
