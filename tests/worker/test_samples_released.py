@@ -5,6 +5,8 @@ every batch loaded on threads until one came: +60 MB an epoch on 3.11, +300 MB o
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 
 import pytest
@@ -45,3 +47,44 @@ def test_samples_loaded_on_threads_go_with_their_batch(threads):
             gc.enable()
     assert batches == 8 and len(ds.alive) == 64
     assert left <= 8, f"{left} of 64 samples still alive after their batches were taken"
+
+
+def _sample_threads() -> list:
+    return [t for t in threading.enumerate() if t.name.startswith("stoker-sample")]
+
+
+def _ended(timeout: float = 10.0) -> list:
+    """The loading threads still alive once each has had `timeout` to see its gate closed."""
+    end = time.monotonic() + timeout
+    for t in _sample_threads():
+        t.join(max(0.0, end - time.monotonic()))
+    return _sample_threads()
+
+
+@pytest.mark.parametrize("threads", [2, "auto"])
+def test_an_epochs_threads_end_with_its_iterator(threads):
+    """num_workers=0 makes an iterator (a gate, its threads) each epoch: each goes with its
+    iterator, by reference counts alone, after a full epoch and after a `break` (a loading
+    thread that kept its last load kept the fetcher, so the gate, so itself: 2 more threads
+    and their gate's batches alive each epoch, for good)."""
+    assert not _ended(), "loading threads of an earlier test still alive"
+    loader = stoker.DataLoader(Tracked(), batch_size=8, num_workers=0,
+                               threads_per_worker=threads)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        widest = 0
+        for _ in range(3):
+            for _batch in loader:
+                widest = max(widest, len(_sample_threads()))
+            del _batch
+            assert not _ended(), "an epoch's loading threads outlived its iterator"
+        for i, _batch in enumerate(loader):
+            if i == 2:
+                break
+        del _batch
+        assert not _ended(), "the loading threads outlived an iterator left by a break"
+    finally:
+        if was:
+            gc.enable()
+    assert widest >= 1  # (the epochs did load on threads)

@@ -209,5 +209,9 @@ def _serve(s: _State) -> None:
                 else:
                     future.set_result(result)
         finally:
+            # The load is let go before the thread waits again: `fn` is bound to what holds
+            # the gate (a fetcher), and a thread that kept it would keep its own gate alive,
+            # and so itself, after everyone else let go (a single-process iterator's each epoch).
+            future = fn = arg = result = None
             with cv:
                 s.left_place()
