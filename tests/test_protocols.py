@@ -187,6 +187,9 @@ class _Good:
     def set_in_flight(self, n):
         pass
 
+    def mark_ready(self, cpu_s, runqueue_s):
+        pass
+
     def update_rss(self):
         pass
 

@@ -685,6 +685,7 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
     AwaitMessage(sock, MessageType::kTask);
     writer.Enter(WorkerState::kEncoding, 6, kNoIndex);
     writer.AddBatch(1000);
+    writer.SetReady(2'000'000'000, 30'000'000);
     if (write(log_fd, "line3\n", 6) != 6) return 13;
     if (!SendMessage(sock, Header(MessageType::kHello), nullptr, 0).ok()) return 14;
     AwaitMessage(sock, MessageType::kStop);
@@ -700,6 +701,7 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
   EXPECT_EQ(st.state, static_cast<uint64_t>(WorkerState::kFetching));
   EXPECT_EQ(st.task, 5u);
   EXPECT_EQ(st.index, 42);
+  EXPECT_EQ(st.ready_cpu_ns, 0u);  // (not ready yet: nothing to subtract)
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 1000), "line1\nline2\n");
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 6), "line2\n");
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kCrash, 1000), "");
@@ -716,6 +718,8 @@ TEST_F(SupervisorTest, StatusPageAndLogsAreReadLive) {
   EXPECT_EQ(st.index, kNoIndex);
   EXPECT_EQ(st.batches, 1u);
   EXPECT_EQ(st.bytes_sent, 1000u);
+  EXPECT_EQ(st.ready_cpu_ns, 2'000'000'000u);
+  EXPECT_EQ(st.ready_runqueue_ns, 30'000'000u);
   EXPECT_EQ(sup_->ReadLog(15, LogKind::kStderr, 12), "line2\nline3\n");
 
   ASSERT_TRUE(sup_->Send(15, Header(MessageType::kStop), nullptr, 0).ok());

@@ -51,6 +51,11 @@ struct WorkerStatusPage {
                        // sample whose index is not an int (a str, a tuple) to the main process
   uint64_t in_flight;  // samples loading at once now (threads_per_worker; 0: none, or one
                        // sample at a time, which `index` names)
+  // The worker's CPU time and its threads' run-queue time when it was ready to serve (0 until
+  // then): its start-up (imports, the dataset's unpickling, worker_init_fn) is not work, and a
+  // reader that judges waiting from computing subtracts it from what /proc says.
+  uint64_t ready_cpu_ns;
+  uint64_t ready_runqueue_ns;
 };
 
 // Lock-free single-writer updates (worker) and reads (main), on a page in shared memory.
@@ -65,6 +70,10 @@ class WorkerStatusWriter {
   void AddBatch(uint64_t bytes);
   void SetRss(uint64_t rss) { Store(&p_->rss_bytes, rss); }
   void SetInFlight(uint64_t n) { Store(&p_->in_flight, n); }
+  void SetReady(uint64_t cpu_ns, uint64_t runqueue_ns) {
+    Store(&p_->ready_cpu_ns, cpu_ns);
+    Store(&p_->ready_runqueue_ns, runqueue_ns);
+  }
 
  private:
   static void Store(uint64_t* w, uint64_t v) {

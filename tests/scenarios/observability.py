@@ -26,12 +26,14 @@ class Computes(Slow):
         return torch.full((4,), float(i)), i
 
 
-def data_stall_notice(kind="waits"):
+def data_stall_notice(kind="waits", start_method="fork"):
     """A slow dataset makes the loader log, once, that it waited for data (on stderr): one that
-    waits (sleeps, as on the network) or one that computes."""
+    waits (sleeps, as on the network) or one that computes; its worker started by
+    `start_method` (under spawn and forkserver, a worker imports torch again as it starts)."""
     logging.basicConfig(format="%(message)s")
     ds = Slow(400) if kind == "waits" else Computes(300)
-    loader = stoker.DataLoader(ds, batch_size=2, num_workers=1, stall_notice=0.3)
+    loader = stoker.DataLoader(ds, batch_size=2, num_workers=1, stall_notice=0.3,
+                               multiprocessing_context=start_method)
     for _ in loader:
         pass
 

@@ -20,8 +20,9 @@ namespace {
 // lists to the struct: adding, moving or resizing a field without updating them does not compile.
 constexpr const char* kBeforeStateNs[] = {"magic",    "pid",     "state",   "task",     "index",
                                           "since_ns", "samples", "batches", "rss_bytes"};
-constexpr const char* kAfterStateNs[] = {"bytes_sent", "worker_id", "loader_token", "position",
-                                         "in_flight"};
+constexpr const char* kAfterStateNs[] = {"bytes_sent",       "worker_id", "loader_token",
+                                         "position",         "in_flight", "ready_cpu_ns",
+                                         "ready_runqueue_ns"};
 constexpr size_t kBefore = sizeof(kBeforeStateNs) / sizeof(kBeforeStateNs[0]);
 constexpr size_t kAfter = sizeof(kAfterStateNs) / sizeof(kAfterStateNs[0]);
 static_assert(sizeof(WorkerStatusPage) == 8 * (kBefore + kWorkerStateCount + kAfter),

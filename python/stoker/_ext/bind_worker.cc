@@ -5,9 +5,9 @@
 // its channel, its pool of slots or its encoder (receive, send, send_batch, send_fd,
 // open_status, set_shared_memory_limit, arm_guard) take the caller's turn: a second thread that
 // makes one of them while another is in one gets an EngineError at once, and nothing is
-// shared. The status calls (enter, set_in_flight, update_rss, add_sample) are safe from any
-// thread: add_sample is an atomic add, the others write the page under a mutex of their own
-// (held for a few stores, no Python call inside).
+// shared. The status calls (enter, set_in_flight, mark_ready, update_rss, add_sample) are safe
+// from any thread: add_sample is an atomic add, the others write the page under a mutex of
+// their own (held for a few stores, no Python call inside).
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <unistd.h>
@@ -166,6 +166,15 @@ class WorkerEndpoint {
     std::lock_guard<std::mutex> lock(status_mu_);
     WorkerStatusWriter(page).SetInFlight(n);
   }
+  // Says the worker is ready to serve: its CPU and run-queue seconds now, which readers
+  // subtract as start-up (WorkerStatusPage::ready_cpu_ns).
+  void MarkReady(double cpu_s, double runqueue_s) {
+    WorkerStatusPage* page = status_.load(std::memory_order_acquire);
+    if (page == nullptr) return;
+    std::lock_guard<std::mutex> lock(status_mu_);
+    auto ns = [](double s) { return s > 0 ? static_cast<uint64_t>(s * 1e9) : uint64_t{0}; };
+    WorkerStatusWriter(page).SetReady(ns(cpu_s), ns(runqueue_s));
+  }
   void AddSample() {  // an atomic add: no lock
     WorkerStatusPage* page = status_.load(std::memory_order_acquire);
     if (page != nullptr) WorkerStatusWriter(page).AddSample();
@@ -240,6 +249,7 @@ void register_worker(nb::module_& m) {
            nb::arg("index").none(), nb::arg("position") = -1)
       .def("add_sample", &WorkerEndpoint::AddSample)
       .def("set_in_flight", &WorkerEndpoint::SetInFlight)
+      .def("mark_ready", &WorkerEndpoint::MarkReady, nb::arg("cpu_s"), nb::arg("runqueue_s"))
       .def("update_rss", &WorkerEndpoint::UpdateRss)
       .def("send_fd", &WorkerEndpoint::SendFd, nb::arg("type"), nb::arg("a"), nb::arg("fd"))
       .def_prop_ro("slot_count", &WorkerEndpoint::slot_count)

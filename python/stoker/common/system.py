@@ -390,6 +390,13 @@ def runqueue_seconds(pid="self") -> float | None:
     return both[1] if both is not None else None
 
 
+def spent_so_far() -> tuple[float, float]:
+    """(CPU seconds, run-queue seconds) of this process now, read as a reader of
+    ``/proc/PID`` in another process reads them (``cpu_seconds``, ``runqueue_seconds``): what a
+    worker spent starting, which its readers subtract."""
+    return cpu_seconds(os.getpid()), runqueue_seconds() or 0.0
+
+
 def gil_enabled() -> bool:
     """Whether this interpreter runs Python one thread at a time: True on a build with the GIL,
     and on a free-threaded build (3.13t, 3.14t) where the GIL was turned back on (``PYTHON_GIL=1``,

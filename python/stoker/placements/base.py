@@ -55,22 +55,25 @@ class WorkerView:
     pid: int | None  # its process, where it has one (an actor's pid on its node)
     started_at: float  # ``time.monotonic()`` when it was last started
     last_sent: float  # ``time.monotonic()`` just before the last message went to it (0: none)
-    cpu_seconds: float  # CPU seconds it used since it started (0 when unknown)
+    # CPU seconds it used since it was ready to serve (0 when unknown): its start-up (imports,
+    # the dataset's unpickling, worker_init_fn; ~2 s of torch's import under spawn and
+    # forkserver) is not work, and counted in it would read as computing
+    cpu_seconds: float
     stopped: bool  # it cannot run at all (SIGSTOP, a debugger, a frozen cgroup)
     # Its own report, None before it made one: ``state`` ("starting", "idle", "loading",
     # "collating", "encoding"), ``state_seconds``, ``index`` and ``position`` of the sample being
     # loaded, ``task``, ``samples``, ``batches``, ``rss_bytes``, ``bytes_sent``, ``seconds_in``
     # (seconds per state).
     status: dict | None
-    # Seconds its threads waited for a CPU (runnable, on the kernel's run queue) since it
-    # started, where the view has it at no cost (a Ray actor's own report); None otherwise:
+    # Seconds its threads waited for a CPU (runnable, on the kernel's run queue) since it was
+    # ready, where the view has it at no cost (a Ray actor's own report); None otherwise:
     # ``Workers.runqueue_of`` reads it for a local worker when asked.
     runqueue_seconds: float | None = None
 
 
 # What ``stats()`` reports of a worker's status, and the names it gives the seconds per state.
 _STATUS_FIELDS = ("state", "index", "task", "samples", "batches", "rss_bytes", "bytes_sent",
-                  "in_flight")
+                  "in_flight", "ready_cpu_seconds", "ready_runqueue_seconds")
 _SECONDS = {"getitem": "loading", "collate": "collating", "encode": "encoding", "idle": "idle"}
 
 
@@ -208,16 +211,16 @@ class Workers(abc.ABC):
         return out
 
     def cpu_seconds(self) -> float | None:
-        """CPU seconds the running workers used since they started; None when no placement
-        view knows (a remote worker's)."""
+        """CPU seconds the running workers used since they were ready (``WorkerView``); None
+        when no placement view knows (a remote worker's)."""
         views = [self.view(w) for w in self.ids]
         known = [v.cpu_seconds for v in views if v is not None and v.cpu_seconds > 0]
         return sum(known) if known else None
 
     def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
         """(seconds on a CPU, seconds waiting for one: on the kernel's run queue, runnable, every
-        CPU it may use taken) of worker `worker_id`'s threads since it started; None where the
-        placement cannot read the run queue. Read when asked (a read per thread), not with
+        CPU it may use taken) of worker `worker_id`'s threads since it was ready (its start-up
+        not counted); None where the placement cannot read the run queue. Read when asked (a read per thread), not with
         every ``view``. By default the view's (a Ray actor's own report); a local worker's from
         ``/proc/PID/task/*/schedstat``, to the nanosecond (the view's CPU counts 10 ms ticks)."""
         v = self.view(worker_id)
@@ -226,8 +229,8 @@ class Workers(abc.ABC):
         return v.cpu_seconds, v.runqueue_seconds
 
     def runqueue_of(self, worker_id: int) -> float | None:
-        """Seconds worker `worker_id`'s threads waited for a CPU since it started (``schedstat_of``);
-        None where the placement cannot read it. A worker that waits for a CPU computes: the
+        """Seconds worker `worker_id`'s threads waited for a CPU since it was ready
+        (``schedstat_of``); None where the placement cannot read it. A worker that waits for a CPU computes: the
         tuner, the data-stall notice and ``stoker doctor`` count this time with its CPU
         seconds."""
         both = self.schedstat_of(worker_id)

@@ -328,11 +328,19 @@ class LocalProcesses(Workers):
             status = self._sup.status(worker_id)
             pid, started_at, last_sent = rec.proc.pid, rec.started_at, rec.last_sent
         stopped, cpu = _system.stopped_and_cpu(pid)
+        if isinstance(status, dict) and cpu > 0:  # (start-up is not work: spent before ready)
+            cpu = max(0.0, cpu - status.get("ready_cpu_seconds", 0.0))
         return WorkerView(pid, started_at, last_sent, cpu, stopped, status)
 
     def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
         v = self.view(worker_id)
-        return _system.schedstat_seconds(v.pid) if v is not None and v.pid else None
+        if v is None or not v.pid:
+            return None
+        both = _system.schedstat_seconds(v.pid)
+        if both is None or not v.status:
+            return both
+        return (max(0.0, both[0] - v.status.get("ready_cpu_seconds", 0.0)),
+                max(0.0, both[1] - v.status.get("ready_runqueue_seconds", 0.0)))
 
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it

@@ -122,8 +122,10 @@ def waiting_or_computing(snapshot: list[dict]) -> dict:
             if c is None:
                 continue
             s = w["seconds"]
-            cpu += c
-            queued += _system.runqueue_seconds(w["pid"]) or 0.0
+            # (what it spent starting, before it was ready, is not work: status page)
+            cpu += max(0.0, c - (w.get("ready_cpu_seconds") or 0.0))
+            queued += max(0.0, (_system.runqueue_seconds(w["pid"]) or 0.0)
+                          - (w.get("ready_runqueue_seconds") or 0.0))
             busy += s["loading"] + s["collating"] + s["encoding"]
             loading += s["loading"]
         if busy < MIN_BUSY_S:

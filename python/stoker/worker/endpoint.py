@@ -64,6 +64,12 @@ class Endpoint(Protocol):
         """`n` samples load at once now (``threads_per_worker``; 0 when none, or one at a time).
         Status only."""
 
+    def mark_ready(self, cpu_s: float, runqueue_s: float, /) -> None:
+        """The worker is ready to serve: its CPU seconds and its threads' run-queue seconds
+        now (``system.spent_so_far()``), which readers of its status subtract from what the
+        kernel says of it (its start-up: imports, the dataset's unpickling, worker_init_fn,
+        is not work; under spawn and forkserver, torch's import alone is about 2 s of CPU)."""
+
     def update_rss(self, /) -> None:
         """Refreshes the status's resident memory (the loop calls it after each task)."""
 

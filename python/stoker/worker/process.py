@@ -31,6 +31,7 @@ import sys
 
 from .. import _stoker
 from ..common import gil as _gil
+from ..common import system as _system
 from ..common.errors import EngineError
 from ..pickling.by_value import Carried
 from ..wire import fdpass, protocol
@@ -173,6 +174,7 @@ def worker_main(channel: fdpass.ChannelFd, worker_id: int, config: WorkerConfig,
     # On a free-threaded Python: a module the dataset imported here turned the GIL on (the
     # warning goes to the worker's stderr, which the main process shows).
     _gil.warn_in_worker()
+    endpoint.mark_ready(*_system.spent_so_far())
     try:
         loop.serve()
     except EngineError:

@@ -56,6 +56,7 @@ class ActorEndpoint:
         self._task, self._index, self._position = 0, None, None
         self._seconds = dict.fromkeys(_STATES, 0.0)
         self._samples = self._batches = self._bytes_sent = self._in_flight = 0
+        self._ready = (0.0, 0.0)  # (CPU, run-queue) seconds spent starting: not reported
 
     def send(self, mtype, task, a=0, payload=b""):
         self.outbox.append((mtype, task, a, bytes(payload)))
@@ -87,6 +88,10 @@ class ActorEndpoint:
         with self._lock:
             self._in_flight = n
 
+    def mark_ready(self, cpu_s, runqueue_s):
+        with self._lock:
+            self._ready = (cpu_s, runqueue_s)
+
     def update_rss(self):
         """The resident size is read with each snapshot instead."""
 
@@ -97,7 +102,10 @@ class ActorEndpoint:
         """The actor's status now, in the shape of a local worker's status page."""
         now = time.monotonic()
         ru = resource.getrusage(resource.RUSAGE_SELF)
+        runqueue = _system.runqueue_seconds()
         with self._lock:
+            if runqueue is not None:  # (since it was ready, as its CPU seconds)
+                runqueue = max(0.0, runqueue - self._ready[1])
             seconds = dict(self._seconds)
             seconds[self._state] += now - self._since
             return {"pid": os.getpid(), "state": self._state, "state_seconds": now - self._since,
@@ -105,8 +113,9 @@ class ActorEndpoint:
                     "samples": self._samples, "batches": self._batches,
                     "in_flight": self._in_flight,
                     "rss_bytes": _system.resident_bytes(), "bytes_sent": self._bytes_sent,
-                    "seconds_in": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime,
-                    "runqueue_seconds": _system.runqueue_seconds()}
+                    "seconds_in": seconds,
+                    "cpu_seconds": max(0.0, ru.ru_utime + ru.ru_stime - self._ready[0]),
+                    "runqueue_seconds": runqueue}
 
 
 class _Actor:
@@ -118,6 +127,7 @@ class _Actor:
         self._loop = WorkerLoop(self._ep, worker_id, dataclasses.replace(config, dataset=dataset))
         self._loop.prepare()  # torch's worker set-up: seeds, worker info, worker_init_fn
         self._ep.enter(protocol.STATE_IDLE, 0, None)
+        self._ep.mark_ready(*_system.spent_so_far())
 
     def ready(self) -> dict:
         import ray
