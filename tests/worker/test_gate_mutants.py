@@ -108,6 +108,28 @@ def test_peak_counts_the_most_at_once():
     g.close()
 
 
+def test_report_running_follows_every_change():
+    """What the worker's status page shows as "at once": each change of the number running,
+    a place taken by the caller's own thread included; None stops the reports."""
+    g = Gate(2)
+    seen: list = []
+    g.report_running(seen.append)
+    assert seen == [0]  # (what runs when it is asked: nothing yet)
+    barrier = threading.Barrier(3)
+    fs = [g.submit(lambda _: barrier.wait(WAIT_S), i) for i in range(2)]
+    barrier.wait(WAIT_S)  # both run now
+    [f.result(WAIT_S) for f in fs]
+    assert _settled(g) == 0
+    assert seen[:3] == [0, 1, 2] and seen[-1] == 0 and max(seen) == 2 and len(seen) == 5
+    with g.place():
+        assert seen[-1] == 1
+    assert seen[-1] == 0 and len(seen) == 7
+    g.report_running(None)
+    g.submit(lambda x: x, 1).result(WAIT_S)
+    assert _settled(g) == 0 and len(seen) == 7
+    g.close()
+
+
 def test_widening_starts_what_waits_at_once():
     g = Gate(1)
     barrier = threading.Barrier(3)

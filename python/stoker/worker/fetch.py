@@ -152,16 +152,22 @@ class MapFetcher(_Fetcher):
     inflight: InFlight  # (always one: made or carried in __init__)
 
     def __init__(self, dataset, auto_collation: bool, settings: LoadSettings, on_sample=None,
-                 on_batch=None, carried: InFlight | None = None):
+                 on_batch=None, carried: InFlight | None = None, on_running=None):
         """`on_sample(index, position, None)` is also called from the loading threads;
         `on_batch(index, in_flight)` from this thread before a batch loading at once and as
         each of its samples is done (with how many load at once now), `on_batch(None, 0)` once
         they are; `carried`: the ``InFlight`` of this worker's fetcher of the epoch before (its
         event loop, its threads and what "auto" learnt live as long as the worker: an async
-        client made on the loop keeps working)."""
+        client made on the loop keeps working). `on_running(n)`: how many samples load on the
+        threads now, as it changes (``Gate.report_running``: those of a batch started ahead
+        too); where it is given, `on_batch`'s `in_flight` is None for a batch on the threads
+        (only an async dataset's coroutines are counted by it)."""
         super().__init__(dataset, auto_collation, settings, on_sample)
         self.inflight = carried if carried is not None else inflight.InFlight(dataset, settings)
         self.on_batch = on_batch
+        self._threads_count = on_running is not None and not self.inflight.is_async
+        if on_running is not None:
+            self.inflight.report_running(on_running)
 
     def _begin(self, index, position=None):
         """`position`: where `index` is in the task's list of indices (0 for a task that is
@@ -253,13 +259,14 @@ class MapFetcher(_Fetcher):
         progress = None
         if self.on_batch is not None:
             def progress(in_flight):
-                self.on_batch(index, 0 if serial else in_flight)
+                self.on_batch(index, None if self._threads_count else
+                              0 if serial else in_flight)
         items = list(enumerate(index))
         try:
             batch = fl.start(self._load, items, serial=serial, progress=progress, key=task)
         except BaseException:
             if self.on_batch is not None:
-                self.on_batch(None, 0)
+                self.on_batch(None, None if self._threads_count else 0)
             raise
 
         def finish():
@@ -268,7 +275,7 @@ class MapFetcher(_Fetcher):
             finally:
                 loading.at_once = False
                 if self.on_batch is not None:
-                    self.on_batch(None, 0)
+                    self.on_batch(None, None if self._threads_count else 0)
             data = []
             for item, (ok, sample, error) in zip(items, outcomes):
                 if not ok:
@@ -344,8 +351,10 @@ class StreamFetcher(_Fetcher):
 
 def fetcher_for(kind: int, dataset, auto_collation: bool, drop_last: bool,
                 settings: LoadSettings, on_sample=None, stream_pos: int = 0, on_batch=None,
-                carried: inflight.InFlight | None = None) -> MapFetcher | StreamFetcher:
+                carried: inflight.InFlight | None = None,
+                on_running=None) -> MapFetcher | StreamFetcher:
     """The fetcher of a dataset of `kind` (MAP or ITERABLE)."""
     if kind == MAP:
-        return MapFetcher(dataset, auto_collation, settings, on_sample, on_batch, carried)
+        return MapFetcher(dataset, auto_collation, settings, on_sample, on_batch, carried,
+                          on_running)
     return StreamFetcher(dataset, auto_collation, drop_last, settings, on_sample, stream_pos)

@@ -18,8 +18,14 @@ with it, not the gate) or until the interpreter exits (every gate is closed then
 threads joined, as concurrent.futures does for its pools). A copy made by fork has none:
 ``usable()`` is False there, and the copy must not be used.
 
-Thread contract: ``submit``, ``place``, ``resize``, ``running`` and ``close`` may be called from
-any thread; the loads run on the gate's threads (a load must be thread-safe against the others).
+``report_running(fn)``: `fn(n)` is called with how many loads run each time that changes (the
+worker's status page shows it: the samples loading at once, those of a batch started ahead
+included), under the gate's lock: `fn` must be quick, must not raise and must not call the gate.
+It must not hold the gate or what holds it (its threads would keep it alive).
+
+Thread contract: ``submit``, ``place``, ``resize``, ``running``, ``report_running`` and ``close``
+may be called from any thread; the loads run on the gate's threads (a load must be thread-safe
+against the others).
 """
 
 from __future__ import annotations
@@ -111,6 +117,15 @@ class Gate:
                 s.enough_threads()
                 s.cv.notify_all()
 
+    def report_running(self, fn) -> None:
+        """From now on `fn(n)` is called as the number of loads running changes to `n` (the
+        module's doc says what `fn` may do); None: no more."""
+        s = self._s
+        with s.cv:
+            s.on_running = fn
+            if fn is not None:
+                fn(s.running)
+
     def cancel_waiting(self) -> None:
         """Cancels the loads that have not started (their futures say so)."""
         s = self._s
@@ -137,6 +152,7 @@ class _State:
         self.queue: collections.deque = collections.deque()  # (future, fn, arg)
         self.threads: list[threading.Thread] = []
         self.closed = False
+        self.on_running = None  # Gate.report_running's `fn`
         self.name = name
         self.pid = os.getpid()
         _live.add(self)
@@ -144,9 +160,13 @@ class _State:
     def took_place(self) -> None:
         self.running += 1
         self.peak = max(self.peak, self.running)
+        if self.on_running is not None:
+            self.on_running(self.running)
 
     def left_place(self) -> None:
         self.running -= 1
+        if self.on_running is not None:
+            self.on_running(self.running)
         if self.running < self.width:
             if self.placing:  # (its predicate is not the threads': wake every waiter)
                 self.cv.notify_all()

@@ -171,6 +171,14 @@ class InFlight:
         self._ahead: dict = {}  # batch key -> the futures of its items, started ahead
         self._ahead_at: dict = {}  # batch key -> when they started (_now)
         self._done_at: tuple | None = None  # when the last batch was done (_now)
+        self._on_running = None  # report_running's `fn`, handed to the gate
+
+    def report_running(self, fn) -> None:
+        """`fn(n)`: how many samples load on this process's threads now, as it changes
+        (``Gate.report_running``: a batch started ahead's included); None: no more."""
+        self._on_running = fn
+        if self._gate is not None and self._gate.usable():
+            self._gate.report_running(fn)
 
     @property
     def concurrent(self) -> bool:
@@ -254,6 +262,8 @@ class InFlight:
         """This process's gate, of the width now (one copied by fork has no threads: a new one)."""
         if self._gate is None or not self._gate.usable():
             self._gate = Gate(self.width.now)
+            if self._on_running is not None:
+                self._gate.report_running(self._on_running)
         else:
             self._gate.resize(self.width.now)
         return self._gate

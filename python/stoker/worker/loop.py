@@ -170,13 +170,15 @@ class WorkerLoop:
         if seeder is not None:
             seeder(index, position, stream_pos)
 
-    def _on_batch(self, index, in_flight: int) -> None:
+    def _on_batch(self, index, in_flight: int | None) -> None:
         """A batch whose samples load at once, `in_flight` of them now: "loading" with no one
         index (a death or hang then holds the whole batch, which is re-issued one sample at a
-        time to name it). `index` None: the batch is loaded (`in_flight` is 0)."""
+        time to name it). `index` None: the batch is loaded (`in_flight` is 0). `in_flight`
+        None: the threads' gate reports it (``on_running``: what loads ahead included)."""
         if index is not None:
             self.endpoint.enter(protocol.STATE_FETCHING, self.task, None)
-        self.endpoint.set_in_flight(in_flight)
+        if in_flight is not None:
+            self.endpoint.set_in_flight(in_flight)
 
     def _new_fetcher(self, states) -> MapFetcher | StreamFetcher:
         c = self.config
@@ -190,7 +192,8 @@ class WorkerLoop:
                 carried.drop_ahead()  # (none is left: a new epoch's message stops looking ahead)
         f = fetcher_for(c.kind, self.dataset, c.auto_collation, c.drop_last, c.load,
                         self._on_sample, stream_state.position_of(mine),
-                        on_batch=self._on_batch, carried=carried)
+                        on_batch=self._on_batch, carried=carried,
+                        on_running=self.endpoint.set_in_flight)
         if isinstance(f, StreamFetcher):
             stream_state.restore_iterator(self.dataset, f.iterator, mine)
             self.restored_ended = stream_state.ended(mine)

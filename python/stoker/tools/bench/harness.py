@@ -151,13 +151,16 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
         del batch
         batches += 1
         samples += wl.batch_size
-        if batches in (middle, expected):
+        reading = who == "stoker" and middle <= batches < middle + AT_ONCE_READS
+        if batches in (middle, expected) or reading:
             # thread_time: the reads' own CPU (a peer's threads in this process keep working)
             m0, mc0 = time.perf_counter(), time.thread_time()
             if batches == middle:
                 pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
                 sys_mid = _io_syscalls(pids)
-                at_once = _at_once(loader) if who == "stoker" else None
+            if reading:
+                now = _at_once(loader)
+                at_once = now if at_once is None else max(at_once, now or 0)
             if batches == expected:  # the last batch: every worker has touched what it will
                 pss = total_pss(me)
             measuring_s += time.perf_counter() - m0
@@ -181,6 +184,11 @@ def run_in_process(who: str, workload_name: str, workers: int, start_method=None
         "at_once": at_once,
         "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
     }
+
+
+# ``at_once`` is the most of this many reads, one per batch from mid-run: one read alone may
+# fall while the worker encodes a batch (none loading then, for that instant).
+AT_ONCE_READS = 10
 
 
 def _at_once(loader):
