@@ -313,7 +313,8 @@ def test_status_page_layout_comes_from_the_engine():
     fields = _stoker.STATUS_FIELDS
     assert _stoker.STATUS_PAGE_BYTES == 8 * len(fields)
     assert len(set(fields)) == len(fields)
-    assert fields[:3] == ("magic", "pid", "state") and fields[-2:] == ("position", "in_flight")
+    assert fields[:3] == ("magic", "pid", "state") and fields[-4:] == (
+        "position", "in_flight", "ready_cpu_ns", "ready_runqueue_ns")
     assert [f for f in fields if f.startswith("ns_")] == [
         "ns_" + s for s in _stoker.WORKER_STATES
     ]
