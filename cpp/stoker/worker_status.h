@@ -52,8 +52,9 @@ struct WorkerStatusPage {
   uint64_t in_flight;  // samples loading at once now (threads_per_worker; 0: none, or one
                        // sample at a time, which `index` names)
   // The worker's CPU time and its threads' run-queue time when it was ready to serve (0 until
-  // then): its start-up (imports, the dataset's unpickling, worker_init_fn) is not work, and a
-  // reader that judges waiting from computing subtracts it from what /proc says.
+  // then; a ready worker's ready_cpu_ns is at least 1): its start-up (imports, the dataset's
+  // unpickling, worker_init_fn) is not work, and a reader that judges waiting from computing
+  // subtracts it from what /proc says (and counts nothing of a worker not ready yet).
   uint64_t ready_cpu_ns;
   uint64_t ready_runqueue_ns;
 };
@@ -71,7 +72,7 @@ class WorkerStatusWriter {
   void SetRss(uint64_t rss) { Store(&p_->rss_bytes, rss); }
   void SetInFlight(uint64_t n) { Store(&p_->in_flight, n); }
   void SetReady(uint64_t cpu_ns, uint64_t runqueue_ns) {
-    Store(&p_->ready_cpu_ns, cpu_ns);
+    Store(&p_->ready_cpu_ns, cpu_ns > 0 ? cpu_ns : 1);  // (0 says: not ready)
     Store(&p_->ready_runqueue_ns, runqueue_ns);
   }
 

@@ -104,8 +104,10 @@ class PySupervisor {
     d["rss_bytes"] = p.rss_bytes;
     d["bytes_sent"] = p.bytes_sent;
     d["in_flight"] = p.in_flight;
-    d["ready_cpu_seconds"] = p.ready_cpu_ns * 1e-9;
-    d["ready_runqueue_seconds"] = p.ready_runqueue_ns * 1e-9;
+    // (None until the worker is ready to serve: what it spends until then is start-up)
+    d["ready_cpu_seconds"] = p.ready_cpu_ns ? nb::cast(p.ready_cpu_ns * 1e-9) : nb::none();
+    d["ready_runqueue_seconds"] =
+        p.ready_cpu_ns ? nb::cast(p.ready_runqueue_ns * 1e-9) : nb::none();
     nb::dict times;
     for (int s = 0; s < kWorkerStateCount; ++s) times[WorkerStateName(s)] = p.state_ns[s] * 1e-9;
     d["seconds_in"] = times;

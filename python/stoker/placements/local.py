@@ -328,19 +328,18 @@ class LocalProcesses(Workers):
             status = self._sup.status(worker_id)
             pid, started_at, last_sent = rec.proc.pid, rec.started_at, rec.last_sent
         stopped, cpu = _system.stopped_and_cpu(pid)
-        if isinstance(status, dict) and cpu > 0:  # (start-up is not work: spent before ready)
-            cpu = max(0.0, cpu - status.get("ready_cpu_seconds", 0.0))
-        return WorkerView(pid, started_at, last_sent, cpu, stopped, status)
+        return WorkerView(pid, started_at, last_sent, _since_ready(cpu, status, "cpu"), stopped,
+                          status)
 
     def schedstat_of(self, worker_id: int) -> tuple[float, float] | None:
         v = self.view(worker_id)
         if v is None or not v.pid:
             return None
         both = _system.schedstat_seconds(v.pid)
-        if both is None or not v.status:
-            return both
-        return (max(0.0, both[0] - v.status.get("ready_cpu_seconds", 0.0)),
-                max(0.0, both[1] - v.status.get("ready_runqueue_seconds", 0.0)))
+        if both is None:
+            return None
+        return (_since_ready(both[0], v.status, "cpu"),
+                _since_ready(both[1], v.status, "runqueue"))
 
     def capture_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Asks the worker for its Python stack (faulthandler on DUMP_SIGNAL) and returns it
@@ -384,3 +383,12 @@ def _event(ev):
     None for what is no event (a log descriptor the Supervisor kept)."""
     _, worker, mtype, task, a, _b, _c, payload, pending = ev
     return from_message(worker, mtype, task, a, payload, pending)
+
+
+def _since_ready(seconds: float, status, kind: str) -> float:
+    """`seconds` of a worker's CPU (`kind` "cpu") or run-queue time ("runqueue"), from the
+    kernel, less what it had spent when it was ready to serve (its status page): its start-up
+    (imports, the dataset's unpickling, worker_init_fn) is not work. 0 before it is ready, so
+    that a window that begins then and ends after counts only its work."""
+    ready = status.get(f"ready_{kind}_seconds") if isinstance(status, dict) else None
+    return 0.0 if ready is None else max(0.0, seconds - ready)
