@@ -270,9 +270,10 @@ def test_the_first_look_goes_straight_to_the_count_needed():
 
 
 @pytest.mark.unit
-def test_a_fresh_loader_starts_two_workers_at_least():
-    assert _autotune.Tuner(bound=2).active == 2
+def test_a_fresh_loader_starts_two_workers_at_least_and_leaves_the_loop_a_cpu():
+    assert _autotune.Tuner(bound=2).active == 1  # (the training loop keeps a CPU)
     assert _autotune.Tuner(bound=3).active == 2
+    assert _autotune.Tuner(bound=4).active == 2
     assert _autotune.Tuner(bound=16).active == 8
     assert _autotune.Tuner(bound=1).active == 1
 

@@ -34,7 +34,8 @@ counting the run queue's time) the tuner computes the count that keeps up with t
 the CPUs (``needed``) and goes there at once; a loop that waited for a CPU, and not for data
 (or only while the workers' queues filled: they sent a batch each more than it took), goes at
 once to the fewest workers that keep pace with it (``keeping_pace``), and a loop that waited
-for a CPU is given no more workers that compute than that. As for one more worker later, a
+for a CPU is given no more workers that compute than that, nor more than ``needed`` (workers
+that keep pace but are not needed take its CPU). As for one more worker later, a
 core must be free (the pipeline on a CPU or its run queue less than the usable CPUs -
 ``FREE_CORE``): a few batches' costs over the usable CPUs cannot tell that other processes
 took them. Later windows then
@@ -150,8 +151,11 @@ class Tuner:
         if not tune_workers:
             initial = self.bound
         # Half the CPUs, and at least two: one worker cannot hide a single slow sample, and a
-        # short first epoch is over before a second one would have started and warmed up.
-        self.active = initial if initial is not None else max(2, self.bound // 2)
+        # short first epoch is over before a second one would have started and warmed up. But
+        # never every CPU: the training loop keeps one (on 2 CPUs, 2 workers that compute took
+        # the loop's CPU until the first look shed one, and their start cost a short epoch).
+        self.active = initial if initial is not None else \
+            min(max(2, self.bound // 2), max(1, self.bound - 1))
         self.active = min(self.bound, max(1, self.active))
         # a starting depth above MAX_DEPTH (the user's own prefetch_factor under enable()) is
         # kept: the tuner only grows up to MAX_DEPTH and shrinks for memory
@@ -259,14 +263,23 @@ class Tuner:
         # the workers sent a batch each more than the loop took: their queues filled, and what
         # the loop waited for data was their start
         filling = w.made >= w.batches + self.active
-        if (stall <= ADD_STALL or filling) and w.batches and keeping_pace(w) < self.active:
-            k = keeping_pace(w)
+        pace = keeping_pace(w)
+        # A starved loop is also given no more workers than keep up with it within the CPUs
+        # (``needed``): workers that keep pace but are not needed only take its CPU. (A short
+        # epoch is over before the later windows' two-in-a-row shed the spare one.)
+        enough = needed(w) if w.batches and _starved(w) else 1 << 30
+        if (stall <= ADD_STALL or filling) and w.batches and min(pace, enough) < self.active:
+            k = min(pace, enough)
+            which = (f"{k} keep pace with it (a batch takes a worker "
+                     f"{1e3 * _worker_cpu_per_batch(w):.1f} ms of CPU, the loop "
+                     f"{1e3 * w.main_cpu_s / w.batches:.1f} ms)" if pace <= enough else
+                     f"{k} keep up with it within the {w.usable_cpus} CPUs (a batch takes a "
+                     f"worker {1e3 * w.worker_busy_s / max(1, w.made or w.batches):.1f} ms, "
+                     f"the loop {1e3 * (w.seconds - w.waited_s) / w.batches:.1f} ms)")
             self._change(batch, k, self.depth, (
                 f"{self.active} -> {k} workers at the first look: the training loop waited for "
                 f"a CPU {100 * w.main_runqueue_s / w.seconds:.0f}% of the time (for data "
-                f"{100 * stall:.1f}%), and {k} keep pace with it (a batch takes a worker "
-                f"{1e3 * _worker_cpu_per_batch(w):.1f} ms of CPU, the loop "
-                f"{1e3 * w.main_cpu_s / w.batches:.1f} ms)"))
+                f"{100 * stall:.1f}%), and {which}"))
             return self.active
         if stall <= ADD_STALL or not w.batches or self.active >= self.bound:
             return self.active
@@ -375,6 +388,11 @@ def _cpu_s(w) -> float:
     """The seconds the main process and the active workers were on a CPU or waiting for one
     (the run queue: computing, though the CPUs were taken)."""
     return w.main_cpu_s + w.worker_cpu_s + w.main_runqueue_s + w.worker_runqueue_s
+
+
+def _starved(w: Window) -> bool:
+    """The training loop's threads waited on the run queue STARVED of the window or more."""
+    return w.main_runqueue_s >= STARVED * w.seconds
 
 
 def keeping_pace(w: Window) -> int:
