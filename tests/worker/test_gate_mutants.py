@@ -177,6 +177,33 @@ def test_a_narrowed_gate_frees_places_one_by_one():
     g.close()
 
 
+def test_a_narrowed_gate_ends_its_threads_past_the_width():
+    """Idle threads past the width are not free (each load done wakes the next waiting thread
+    in turn): narrowed, a gate keeps as many threads as its width; widened again, it starts new
+    ones, named apart."""
+    g = Gate(4, name="narrow-check")
+    barrier = threading.Barrier(4)
+    [f.result(WAIT_S) for f in [g.submit(lambda _: barrier.wait(WAIT_S), i) for i in range(4)]]
+    assert g.threads == 4
+    g.resize(1)
+    deadline = time.monotonic() + WAIT_S
+    while g.threads > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert g.threads == 1
+    while time.monotonic() < deadline and len(
+            [t for t in threading.enumerate() if t.name.startswith("narrow-check_")]) > 1:
+        time.sleep(0.001)
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("narrow-check_")]
+    assert len(alive) == 1, alive
+    assert [g.submit(lambda x: x, i).result(WAIT_S) for i in range(3)] == [0, 1, 2]
+    g.resize(3)
+    barrier = threading.Barrier(3)
+    [f.result(WAIT_S) for f in [g.submit(lambda _: barrier.wait(WAIT_S), i) for i in range(3)]]
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("narrow-check_"))
+    assert g.threads == 3 and len(set(names)) == 3, names
+    g.close()
+
+
 def test_cancel_waiting_cancels_what_has_not_started():
     g = Gate(1)
     hold = threading.Event()

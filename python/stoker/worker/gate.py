@@ -12,9 +12,13 @@ A load the caller runs on its own thread (one sample at a time, so that the work
 names it: a retry, a batch re-issued after a death) takes a place at the gate too (``place()``),
 so it counts against the width beside the loads of a batch started ahead.
 
-Threads are started as the width and the queue need them (never more than the widest width the
-gate had) and live until ``close()``, until the gate is collected (they hold what they share
-with it, not the gate) or until the interpreter exits (every gate is closed then, and its
+Threads are started as the width and the queue need them (never more than the width) and live
+until the gate is narrowed below their number (the ones beyond the width end as they are idle:
+idle threads past the width are not free, since each load done wakes the next waiting thread in
+turn, and on a free-threaded Python 8 threads behind a gate of width 2 spent most of their time
+runnable, taking turns on the CPUs: "auto" that went 8 -> 1 -> 2 delivered 0.87 of a fixed 2),
+until ``close()``, until the gate is collected (they hold what they share with it, not the gate)
+or until the interpreter exits (every gate is closed then, and its
 threads joined, as concurrent.futures does for its pools). A copy made by fork has none:
 ``usable()`` is False there, and the copy must not be used.
 
@@ -61,8 +65,9 @@ class Gate:
 
     @property
     def threads(self) -> int:
-        """How many threads the gate has started."""
-        return len(self._s.threads)
+        """How many threads the gate has now (those narrowed away may still be ending)."""
+        with self._s.cv:
+            return len(self._s.threads)
 
     @property
     def peak(self) -> int:
@@ -111,11 +116,13 @@ class Gate:
             raise ValueError(f"a gate's width is at least 1, got {width}")
         s = self._s
         with s.cv:
+            if width == s.width:
+                return
             widened = width > s.width
             s.width = width
             if widened:
                 s.enough_threads()
-                s.cv.notify_all()
+            s.cv.notify_all()  # (narrowed: the threads past the width end)
 
     def report_running(self, fn) -> None:
         """From now on `fn(n)` is called as the number of loads running changes to `n` (the
@@ -154,6 +161,7 @@ class _State:
         self.closed = False
         self.on_running = None  # Gate.report_running's `fn`
         self.name = name
+        self.started = 0  # threads ever started (their names' numbers)
         self.pid = os.getpid()
         _live.add(self)
 
@@ -188,8 +196,8 @@ class _State:
         # waiting, up to the width
         need = min(self.width, self.running + len(self.queue))
         while len(self.threads) < need:
-            t = threading.Thread(target=_serve, args=(self,),
-                                 name=f"{self.name}_{len(self.threads)}")
+            t = threading.Thread(target=_serve, args=(self,), name=f"{self.name}_{self.started}")
+            self.started += 1
             self.threads.append(t)
             t.start()
 
@@ -215,6 +223,9 @@ def _serve(s: _State) -> None:
     while True:
         with cv:
             while not s.closed and (not s.queue or s.running >= s.width):
+                if len(s.threads) > s.width:  # narrowed: an idle thread past the width ends
+                    s.threads.remove(threading.current_thread())
+                    return
                 cv.wait()
             if s.closed:
                 return
