@@ -95,3 +95,37 @@ def shared_tensor_written_by_workers(sharing_strategy=None):
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     assert sorted(int(v) for b in loader for v in b) == list(range(16))
     assert ds.seen.tolist() == [1.0] * 16, ds.seen   # every worker wrote into the same memory
+
+
+class _Pid(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return os.getpid()
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def forkserver_has_torch_before_the_workers():
+    """The fork server that starts forkserver workers imports torch (and stoker's worker)
+    once, as it starts: a worker it forks has them already (run with -m, as here, or from a
+    notebook, nothing else made it import them: each worker imported torch again, ~2 s of CPU
+    on 3.14, whose default start method this is). A preload list of the user's own is kept."""
+    mp.set_forkserver_preload(["json"])  # (the user's own: kept, ours added)
+    # (persistent: the workers still run when their parent is read)
+    loader = stoker.DataLoader(_Pid(), batch_size=4, num_workers=2, persistent_workers=True,
+                               multiprocessing_context="forkserver")
+    pids = {int(p) for b in loader for p in b}
+    servers = {_parent_of(p) for p in pids}
+    assert len(pids) == 2 and len(servers) == 1 and os.getpid() not in servers, (pids, servers)
+    server = servers.pop()
+    maps = open(f"/proc/{server}/maps").read()
+    assert "libtorch" in maps, f"the fork server {server} has not imported torch"
+    from multiprocessing import forkserver
+
+    preload = forkserver._forkserver._preload_modules
+    assert preload[:2] == ["json", "torch"] and "stoker.worker.process" in preload, preload

@@ -99,6 +99,10 @@ def test_restarted_and_persistent_workers_map_the_same_memfd(tmp_path):
            str(tmp_path), timeout=180)
 
 
+def test_the_forkserver_imports_torch_once_for_every_worker():
+    run_ok("spawn_start.forkserver_has_torch_before_the_workers", timeout=120)
+
+
 def test_what_multiprocessing_passes_as_descriptors_reaches_every_worker():
     # An mp.Queue (a pipe and a lock), an mp.Value (an arena) and a SharedList: each pickles
     # only while a process starts, as a descriptor; one pickle must serve every worker.
