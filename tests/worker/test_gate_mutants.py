@@ -177,30 +177,42 @@ def test_a_narrowed_gate_frees_places_one_by_one():
     g.close()
 
 
-def test_a_narrowed_gate_ends_its_threads_past_the_width():
-    """Idle threads past the width are not free (each load done wakes the next waiting thread
-    in turn): narrowed, a gate keeps as many threads as its width; widened again, it starts new
-    ones, named apart."""
+def test_a_narrowed_gate_parks_its_threads_past_the_width():
+    """Only the threads within the width take loads (each load done wakes the next waiting
+    thread in turn: left among them, 4 threads behind a width of 1 took the loads in turn, each
+    runnable meanwhile); those past it are parked, not ended (their CPU stays in what the kernel
+    says of the live threads), and serve again once widened."""
     g = Gate(4, name="narrow-check")
     barrier = threading.Barrier(4)
     [f.result(WAIT_S) for f in [g.submit(lambda _: barrier.wait(WAIT_S), i) for i in range(4)]]
     assert g.threads == 4
     g.resize(1)
-    deadline = time.monotonic() + WAIT_S
-    while g.threads > 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert g.threads == 1
-    while time.monotonic() < deadline and len(
-            [t for t in threading.enumerate() if t.name.startswith("narrow-check_")]) > 1:
-        time.sleep(0.001)
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("narrow-check_")]
-    assert len(alive) == 1, alive
-    assert [g.submit(lambda x: x, i).result(WAIT_S) for i in range(3)] == [0, 1, 2]
+    names = {g.submit(lambda _: threading.current_thread().name, i).result(WAIT_S)
+             for i in range(12)}
+    assert names == {"narrow-check_0"}, names
+    alive = [t for t in threading.enumerate() if t.name.startswith("narrow-check_")]
+    assert len(alive) == 4 and g.threads == 4  # (parked, alive)
     g.resize(3)
     barrier = threading.Barrier(3)
     [f.result(WAIT_S) for f in [g.submit(lambda _: barrier.wait(WAIT_S), i) for i in range(3)]]
-    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("narrow-check_"))
-    assert g.threads == 3 and len(set(names)) == 3, names
+    assert g.peak == 4 and _settled(g) == 0
+    g.close()
+    for t in alive:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in alive)
+
+
+def test_a_report_that_raises_is_dropped():
+    g = Gate(2)
+    calls = []
+
+    def bad(n):
+        calls.append(n)
+        raise RuntimeError("a status page gone")
+
+    g.report_running(bad)
+    assert [g.submit(lambda x: x, i).result(WAIT_S) for i in range(3)] == [0, 1, 2]
+    assert _settled(g) == 0 and calls
     g.close()
 
 

@@ -12,20 +12,22 @@ A load the caller runs on its own thread (one sample at a time, so that the work
 names it: a retry, a batch re-issued after a death) takes a place at the gate too (``place()``),
 so it counts against the width beside the loads of a batch started ahead.
 
-Threads are started as the width and the queue need them (never more than the width) and live
-until the gate is narrowed below their number (the ones beyond the width end as they are idle:
-idle threads past the width are not free, since each load done wakes the next waiting thread in
-turn, and on a free-threaded Python 8 threads behind a gate of width 2 spent most of their time
-runnable, taking turns on the CPUs: "auto" that went 8 -> 1 -> 2 delivered 0.87 of a fixed 2),
-until ``close()``, until the gate is collected (they hold what they share with it, not the gate)
-or until the interpreter exits (every gate is closed then, and its
-threads joined, as concurrent.futures does for its pools). A copy made by fork has none:
+Threads are started as the width and the queue need them (never more than the widest width the
+gate had), each with a place number; those whose number is past the width now are parked (they
+wait apart and take no load until a widening wakes them). Left among the ones that serve, they
+would take loads in turn, since each load done wakes the next waiting thread: on a free-threaded
+Python 8 threads behind a gate of width 2 were each runnable ~75% of the time, taking turns on
+the CPUs ("auto" that went 8 -> 1 -> 2 delivered 0.87 of a fixed 2). Parked, not ended: a
+thread's CPU stays in what the kernel says of its process's live threads (schedstat), which
+"auto" and the stall notice read. They live until ``close()``, until the gate is collected
+(they hold what they share with it, not the gate) or until the interpreter exits (every gate is
+closed then, and its threads joined, as concurrent.futures does for its pools). A copy made by fork has none:
 ``usable()`` is False there, and the copy must not be used.
 
 ``report_running(fn)``: `fn(n)` is called with how many loads run each time that changes (the
 worker's status page shows it: the samples loading at once, those of a batch started ahead
-included), under the gate's lock: `fn` must be quick, must not raise and must not call the gate.
-It must not hold the gate or what holds it (its threads would keep it alive).
+included), under the gate's lock: `fn` must be quick and must not call the gate (what it raises
+is dropped). It must not hold the gate or what holds it (its threads would keep it alive).
 
 Thread contract: ``submit``, ``place``, ``resize``, ``running``, ``report_running`` and ``close``
 may be called from any thread; the loads run on the gate's threads (a load must be thread-safe
@@ -65,7 +67,7 @@ class Gate:
 
     @property
     def threads(self) -> int:
-        """How many threads the gate has now (those narrowed away may still be ending)."""
+        """How many threads the gate has started (those past the width are parked)."""
         with self._s.cv:
             return len(self._s.threads)
 
@@ -121,8 +123,9 @@ class Gate:
             widened = width > s.width
             s.width = width
             if widened:
+                s.parked.notify_all()  # (those now within the width serve again)
                 s.enough_threads()
-            s.cv.notify_all()  # (narrowed: the threads past the width end)
+            s.cv.notify_all()  # (narrowed: the threads now past the width park)
 
     def report_running(self, fn) -> None:
         """From now on `fn(n)` is called as the number of loads running changes to `n` (the
@@ -130,8 +133,7 @@ class Gate:
         s = self._s
         with s.cv:
             s.on_running = fn
-            if fn is not None:
-                fn(s.running)
+            s.report()
 
     def cancel_waiting(self) -> None:
         """Cancels the loads that have not started (their futures say so)."""
@@ -148,10 +150,12 @@ class Gate:
 
 class _State:
     """What a gate's threads share with it (they hold this, never the Gate). All fields under
-    `cv`."""
+    `cv`'s lock, which `parked` (where threads past the width wait) shares."""
 
     def __init__(self, width: int, name: str):
-        self.cv = threading.Condition()
+        lock = threading.Lock()
+        self.cv = threading.Condition(lock)
+        self.parked = threading.Condition(lock)
         self.width = width
         self.running = 0
         self.peak = 0
@@ -161,25 +165,31 @@ class _State:
         self.closed = False
         self.on_running = None  # Gate.report_running's `fn`
         self.name = name
-        self.started = 0  # threads ever started (their names' numbers)
         self.pid = os.getpid()
         _live.add(self)
 
     def took_place(self) -> None:
         self.running += 1
         self.peak = max(self.peak, self.running)
-        if self.on_running is not None:
-            self.on_running(self.running)
+        self.report()
 
     def left_place(self) -> None:
         self.running -= 1
-        if self.on_running is not None:
-            self.on_running(self.running)
+        self.report()
         if self.running < self.width:
             if self.placing:  # (its predicate is not the threads': wake every waiter)
                 self.cv.notify_all()
             elif self.queue:
                 self.cv.notify()
+
+    def report(self) -> None:
+        """`on_running` told the count (a report is status only: one that raises is dropped,
+        so that a thread never dies holding a place)."""
+        if self.on_running is not None:
+            try:
+                self.on_running(self.running)
+            except Exception:
+                pass
 
     def close(self) -> None:
         if self.pid != os.getpid():
@@ -188,6 +198,7 @@ class _State:
             self.closed = True
             waiting, self.queue = self.queue, collections.deque()
             self.cv.notify_all()
+            self.parked.notify_all()
         for future, _, _ in waiting:
             future.cancel()
 
@@ -196,8 +207,8 @@ class _State:
         # waiting, up to the width
         need = min(self.width, self.running + len(self.queue))
         while len(self.threads) < need:
-            t = threading.Thread(target=_serve, args=(self,), name=f"{self.name}_{self.started}")
-            self.started += 1
+            place = len(self.threads)
+            t = threading.Thread(target=_serve, args=(self, place), name=f"{self.name}_{place}")
             self.threads.append(t)
             t.start()
 
@@ -218,15 +229,19 @@ def _close_all() -> None:
 threading._register_atexit(_close_all)  # type: ignore[attr-defined]
 
 
-def _serve(s: _State) -> None:
+def _serve(s: _State, place: int) -> None:
+    """A gate thread's life: the loads of the queue, one at a time, while its place number is
+    within the width; parked while it is not."""
     cv = s.cv
     while True:
         with cv:
-            while not s.closed and (not s.queue or s.running >= s.width):
-                if len(s.threads) > s.width:  # narrowed: an idle thread past the width ends
-                    s.threads.remove(threading.current_thread())
-                    return
-                cv.wait()
+            while not s.closed:
+                if place >= s.width:  # narrowed past it: parked until a widening
+                    s.parked.wait()
+                elif s.queue and s.running < s.width:
+                    break
+                else:
+                    cv.wait()
             if s.closed:
                 return
             future, fn, arg = s.queue.popleft()
