@@ -16,6 +16,7 @@ from conftest import write_file
 from stoker.common import system as _cgroup
 from stoker.loader.autotune import measure as _measure
 from stoker.loader.autotune import tuner as _autotune
+from stoker.loader.autotune import window as _windows
 from stoker.placements.base import WorkerView
 from support.scenarios import run_ok
 
@@ -172,7 +173,7 @@ def test_auto_resolves_within_one_and_usable_cpus():
 # -- the tuner, on synthetic measurements ----------------------------------------------------------
 def _window(stall=0.0, busy=0.0, main_cpu=1.0, worker_cpu=0.0, cpus=8, rss=100 << 20,
             headroom=None, limit=None):
-    return _autotune.Window(seconds=1.0, waited_s=stall, main_cpu_s=main_cpu,
+    return _windows.Window(seconds=1.0, waited_s=stall, main_cpu_s=main_cpu,
                             worker_cpu_s=worker_cpu, worker_busy_s=busy, usable_cpus=cpus,
                             worker_rss=rss, slot_bytes_per_worker=0, memory_headroom=headroom,
                             memory_limit=limit)
@@ -232,7 +233,7 @@ def _costs(per_batch_busy, per_batch_cpu, own, main_cpu=None, cpus=16, batches=1
     """A first window of `batches` batches: each takes a worker `per_batch_busy` s (of which
     `per_batch_cpu` on a CPU) and the loop `own` s of its own; the rest it waited."""
     main_cpu = own if main_cpu is None else main_cpu
-    return _autotune.Window(
+    return _windows.Window(
         seconds=seconds, waited_s=seconds - own * batches, main_cpu_s=main_cpu * batches,
         worker_cpu_s=per_batch_cpu * batches, worker_busy_s=per_batch_busy * batches,
         usable_cpus=cpus, worker_rss=100 << 20, slot_bytes_per_worker=0, memory_headroom=None,
@@ -242,14 +243,14 @@ def _costs(per_batch_busy, per_batch_cpu, own, main_cpu=None, cpus=16, batches=1
 @pytest.mark.unit
 def test_needed_keeps_up_with_the_loop_within_the_cpus():
     # 10 ms of CPU a batch in a worker, 1 ms in the loop: 10 workers keep up, 16 CPUs fit them
-    assert _autotune.needed(_costs(0.010, 0.010, 0.001)) == 10
+    assert _windows.needed(_costs(0.010, 0.010, 0.001)) == 10
     # a loop that takes 5 ms a batch needs 2 such workers
-    assert _autotune.needed(_costs(0.010, 0.010, 0.005, batches=100)) == 2
+    assert _windows.needed(_costs(0.010, 0.010, 0.005, batches=100)) == 2
     # 4 CPUs: 11 ms of CPU a batch allows 364 batches/s, which 4 workers make
-    assert _autotune.needed(_costs(0.010, 0.010, 0.001, cpus=4)) == 4
+    assert _windows.needed(_costs(0.010, 0.010, 0.001, cpus=4)) == 4
     # workers waiting on I/O (1 ms of CPU in 10 ms): as many as keep up, never more than CPUs
-    assert _autotune.needed(_costs(0.010, 0.001, 0.001, cpus=4)) == 4
-    assert _autotune.needed(_costs(0.010, 0.001, 0.004, cpus=16)) == 3
+    assert _windows.needed(_costs(0.010, 0.001, 0.001, cpus=4)) == 4
+    assert _windows.needed(_costs(0.010, 0.001, 0.004, cpus=16)) == 3
 
 
 @pytest.mark.unit
@@ -416,7 +417,7 @@ def _dwindow(stall=0.9, busy=1.0, workers=2, seconds=1.0, slot=1 << 20, share=No
              headroom=None, limit=None):
     """A window in which the loop waited `stall` of the time and `workers` workers were busy
     `busy` worker-seconds per second."""
-    return _autotune.Window(seconds=seconds, waited_s=stall * seconds, main_cpu_s=0.1,
+    return _windows.Window(seconds=seconds, waited_s=stall * seconds, main_cpu_s=0.1,
                             worker_cpu_s=busy * seconds, worker_busy_s=busy * seconds,
                             usable_cpus=8, worker_rss=100 << 20, slot_bytes_per_worker=0,
                             memory_headroom=headroom, memory_limit=limit, workers=workers,

@@ -12,6 +12,7 @@ import pytest
 
 from stoker.loader.autotune import measure as _measure
 from stoker.loader.autotune import tuner as _autotune
+from stoker.loader.autotune import window as _windows
 from stoker.placements.base import WorkerView
 
 pytestmark = pytest.mark.unit  # no process (tests/support/tiers.py)
@@ -22,7 +23,7 @@ def _window(stall=0.0, busy=None, main_cpu=0.5, main_rq=0.0, worker_cpu=0.5, wor
     """Shares of a window of `seconds`; the workers busy as long as they were on a CPU or
     waiting for one (they compute) unless `busy` says otherwise."""
     busy = worker_cpu + worker_rq if busy is None else busy
-    return _autotune.Window(
+    return _windows.Window(
         seconds=seconds, waited_s=stall * seconds, main_cpu_s=main_cpu * seconds,
         worker_cpu_s=worker_cpu * seconds, worker_busy_s=busy * seconds, usable_cpus=cpus,
         worker_rss=100 << 20, slot_bytes_per_worker=0, memory_headroom=None, memory_limit=None,
@@ -50,22 +51,22 @@ def test_time_on_the_run_queue_leaves_no_core_free():
 
 # -- a loop starved of CPU -----------------------------------------------------------------------------
 def test_keeping_pace_counts_the_workers_that_need_no_more_cpu_a_batch_than_the_loop():
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.2)) == 1
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.2)) == 1
     # (give or take STARVED: one that needs 10% more than the loop keeps pace)
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.55, main_rq=0.2)) == 1
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.56, main_rq=0.2)) == 2
-    assert _autotune.keeping_pace(_window(main_cpu=0.2, worker_cpu=0.9, main_rq=0.2)) == 5
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.01, main_rq=0.2)) == 1
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.55, main_rq=0.2)) == 1
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.56, main_rq=0.2)) == 2
+    assert _windows.keeping_pace(_window(main_cpu=0.2, worker_cpu=0.9, main_rq=0.2)) == 5
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.01, main_rq=0.2)) == 1
     # a loop that did not wait for a CPU (STARVED of the window at least) is not starved
-    assert _autotune.STARVED == 0.1
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.1)) == 1
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.099)) > 1000
-    assert _autotune.keeping_pace(_window(main_cpu=0.0, worker_cpu=0.5, main_rq=0.5)) > 1000
+    assert _windows.STARVED == 0.1
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.1)) == 1
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.5, main_rq=0.099)) > 1000
+    assert _windows.keeping_pace(_window(main_cpu=0.0, worker_cpu=0.5, main_rq=0.5)) > 1000
     # workers that mostly wait (on a CPU or its run queue less than half their busy time: on
     # the network) take little of its CPU, and their CPU says nothing of their pace: none retire
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.1, worker_rq=0.05,
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.1, worker_rq=0.05,
                                           main_rq=0.2, busy=0.31)) > 1000
-    assert _autotune.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.1, worker_rq=0.05,
+    assert _windows.keeping_pace(_window(main_cpu=0.5, worker_cpu=0.1, worker_rq=0.05,
                                           main_rq=0.2, busy=0.3)) == 1
 
 
@@ -103,7 +104,7 @@ def test_the_first_look_goes_straight_to_the_workers_that_keep_pace_with_a_starv
     t = _autotune.Tuner(bound=4, initial=3)
     w = _window(stall=0.0, main_cpu=0.6, main_rq=0.3, worker_cpu=1.2, batches=4, first=True,
                 seconds=0.05, cpus=4)
-    assert (_autotune.keeping_pace(w), _autotune.needed(w)) == (2, 2)
+    assert (_windows.keeping_pace(w), _windows.needed(w)) == (2, 2)
     assert t.decide(w, 5) == 2
     assert t.reason.startswith("3 -> 2 workers at the first look: the training loop waited for "
                                "a CPU 30% of the time (for data 0.0%), and 2 keep pace with it"
@@ -114,7 +115,7 @@ def test_the_first_look_goes_straight_to_the_workers_that_keep_pace_with_a_starv
     t = _autotune.Tuner(bound=4, initial=3)
     w = _window(stall=0.0, main_cpu=0.4, main_rq=0.3, worker_cpu=0.5, batches=4, first=True,
                 seconds=0.05)
-    assert (_autotune.keeping_pace(w), _autotune.needed(w)) == (2, 1)
+    assert (_windows.keeping_pace(w), _windows.needed(w)) == (2, 1)
     assert t.decide(w, 5) == 1
     assert t.reason.startswith("3 -> 1 workers at the first look: the training loop waited for "
                                "a CPU 30% of the time (for data 0.0%), and 1 keep up with it "
@@ -195,13 +196,13 @@ def test_a_workers_cost_is_per_batch_it_sent():
     # (shares of a 50 ms window)
     w = _window(stall=0.0, main_cpu=0.296, main_rq=0.4, worker_cpu=0.4, batches=4, made=8,
                 first=True, seconds=0.05)
-    assert _autotune.keeping_pace(w) == 1
+    assert _windows.keeping_pace(w) == 1
     t = _autotune.Tuner(bound=2, initial=2)
     assert t.decide(w, 5) == 1
     assert "a batch takes a worker 2.5 ms of CPU, the loop 3.7 ms" in t.reason, t.reason
     w.made = 0  # (unknown: per batch the loop took, 5 ms: 2 to keep pace)
-    assert _autotune.keeping_pace(w) == 2
-    assert _autotune.needed(w) == 1  # (but one keeps up, busy 40% of the time)
+    assert _windows.keeping_pace(w) == 2
+    assert _windows.needed(w) == 1  # (but one keeps up, busy 40% of the time)
 
 
 def test_a_wait_for_data_while_the_workers_queues_filled_is_their_start():
@@ -224,10 +225,10 @@ def test_the_count_needed_takes_a_workers_busy_time_per_batch_it_sent():
     # the loop took 100 batches, 1 ms of its own each, and waited the rest of the second; the
     # workers were busy 1 s (all CPU): 10 ms a batch taken, 10 workers needed to keep up...
     w = _window(stall=0.9, main_cpu=0.1, worker_cpu=1.0, batches=100, first=True, cpus=16)
-    assert _autotune.needed(w) == 10
+    assert _windows.needed(w) == 10
     # ...but they sent 200 (their queues filled): 5 ms a batch, and 5 keep up
     w.made = 200
-    assert _autotune.needed(w) == 5
+    assert _windows.needed(w) == 5
 
 
 def test_a_starved_loop_is_given_no_more_workers_that_compute_than_keep_pace():
@@ -239,7 +240,7 @@ def test_a_starved_loop_is_given_no_more_workers_that_compute_than_keep_pace():
         return _window(stall=0.26, main_cpu=0.4, main_rq=main_rq, worker_cpu=0.5,
                        worker_rq=0.05, busy=1.02, batches=4, made=5, first=True, seconds=0.03)
 
-    assert _autotune.needed(first(0.12)) == 2 and _autotune.keeping_pace(first(0.12)) == 1
+    assert _windows.needed(first(0.12)) == 2 and _windows.keeping_pace(first(0.12)) == 1
     t = _autotune.Tuner(bound=2, initial=1)
     assert t.decide(first(0.12), 5) == 1 and [d.active for d in t.decisions] == [1]
     # the same costs, the loop not starved (its run queue under STARVED): needed() decides
@@ -256,7 +257,7 @@ def test_the_first_look_adds_no_worker_without_a_free_core():
         return _window(stall=0.46, main_cpu=0.5, main_rq=0.06, worker_cpu=0.5,
                        worker_rq=worker_rq, batches=4, made=4, first=True, seconds=0.03)
 
-    assert _autotune.needed(first(0.52)) == 2
+    assert _windows.needed(first(0.52)) == 2
     t = _autotune.Tuner(bound=2, initial=1)
     assert t.decide(first(0.52), 5) == 1 and [d.active for d in t.decisions] == [1]
     # a core free (the worker hardly waited for one): 2

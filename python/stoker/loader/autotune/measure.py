@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from ...common import system as _system
-from .tuner import Window
+from .window import Window
 
 WINDOW_S = 0.25  # the tuner looks this often (and after at least one batch)
 # The first look (tuner.py): this many batches after the first one the loop received (the wait
