@@ -49,8 +49,8 @@ struct WorkerStatusPage {
   uint64_t loader_token;                 // names its loader, for readers in other processes
   int64_t position;    // where `index` is in its task's list of indices, or kNoIndex: names a
                        // sample whose index is not an int (a str, a tuple) to the main process
-  uint64_t in_flight;  // samples loading at once now (threads_per_worker; 0: none, or one
-                       // sample at a time, which `index` names)
+  uint64_t in_flight;  // samples loading on the worker's threads now (threads_per_worker: its
+                       // gate's count, a task started ahead included; 0 without threads)
   // The worker's CPU time and its threads' run-queue time when it was ready to serve (0 until
   // then; a ready worker's ready_cpu_ns is at least 1): its start-up (imports, the dataset's
   // unpickling, worker_init_fn) is not work, and a reader that judges waiting from computing
@@ -72,8 +72,9 @@ class WorkerStatusWriter {
   void SetRss(uint64_t rss) { Store(&p_->rss_bytes, rss); }
   void SetInFlight(uint64_t n) { Store(&p_->in_flight, n); }
   void SetReady(uint64_t cpu_ns, uint64_t runqueue_ns) {
-    Store(&p_->ready_cpu_ns, cpu_ns > 0 ? cpu_ns : 1);  // (0 says: not ready)
+    // run queue first: a reader that sees ready_cpu_ns set (release, then its acquire) sees it
     Store(&p_->ready_runqueue_ns, runqueue_ns);
+    Store(&p_->ready_cpu_ns, cpu_ns > 0 ? cpu_ns : 1);  // (0 says: not ready)
   }
 
  private:

@@ -49,16 +49,18 @@ def test_samples_loaded_on_threads_go_with_their_batch(threads):
     assert left <= 8, f"{left} of 64 samples still alive after their batches were taken"
 
 
-def _sample_threads() -> list:
-    return [t for t in threading.enumerate() if t.name.startswith("stoker-sample")]
+def _sample_threads(besides=()) -> list:
+    return [t for t in threading.enumerate()
+            if t.name.startswith("stoker-sample") and t not in besides]
 
 
-def _ended(timeout: float = 10.0) -> list:
-    """The loading threads still alive once each has had `timeout` to see its gate closed."""
+def _ended(besides=(), timeout: float = 10.0) -> list:
+    """The loading threads (but `besides`) still alive once each has had `timeout` to see its
+    gate closed."""
     end = time.monotonic() + timeout
-    for t in _sample_threads():
+    for t in _sample_threads(besides):
         t.join(max(0.0, end - time.monotonic()))
-    return _sample_threads()
+    return _sample_threads(besides)
 
 
 @pytest.mark.parametrize("threads", [2, "auto"])
@@ -67,7 +69,8 @@ def test_an_epochs_threads_end_with_its_iterator(threads):
     iterator, by reference counts alone, after a full epoch and after a `break` (a loading
     thread that kept its last load kept the fetcher, so the gate, so itself: 2 more threads
     and their gate's batches alive each epoch, for good)."""
-    assert not _ended(), "loading threads of an earlier test still alive"
+    gc.collect()  # (a gate an earlier test left to the collector)
+    before = _sample_threads()  # (one an earlier test holds on purpose is not this one's)
     loader = stoker.DataLoader(Tracked(), batch_size=8, num_workers=0,
                                threads_per_worker=threads)
     was = gc.isenabled()
@@ -76,14 +79,14 @@ def test_an_epochs_threads_end_with_its_iterator(threads):
         widest = 0
         for _ in range(3):
             for _batch in loader:
-                widest = max(widest, len(_sample_threads()))
+                widest = max(widest, len(_sample_threads(before)))
             del _batch
-            assert not _ended(), "an epoch's loading threads outlived its iterator"
+            assert not _ended(before), "an epoch's loading threads outlived its iterator"
         for i, _batch in enumerate(loader):
             if i == 2:
                 break
         del _batch
-        assert not _ended(), "the loading threads outlived an iterator left by a break"
+        assert not _ended(before), "the loading threads outlived an iterator left by a break"
     finally:
         if was:
             gc.enable()

@@ -122,8 +122,12 @@ def waiting_or_computing(snapshot: list[dict]) -> dict:
             if c is None:
                 continue
             s = w["seconds"]
-            # (what it spent starting, before it was ready, is not work: status page)
-            cpu += max(0.0, c - (w.get("ready_cpu_seconds") or 0.0))
+            # (what it spent starting, before it was ready, is not work: status page; a local
+            # worker not ready yet has None there and counts nothing)
+            ready_cpu = w.get("ready_cpu_seconds", 0.0)
+            if ready_cpu is None:
+                continue
+            cpu += max(0.0, c - ready_cpu)
             queued += max(0.0, (_system.runqueue_seconds(w["pid"]) or 0.0)
                           - (w.get("ready_runqueue_seconds") or 0.0))
             busy += s["loading"] + s["collating"] + s["encoding"]

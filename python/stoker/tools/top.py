@@ -97,7 +97,7 @@ def snapshot() -> list[dict]:
                 "index": None if index == NO_INDEX else index,
                 "state_seconds": max(0, now - w["since_ns"]) / 1e9,
                 "samples": w["samples"], "batches": w["batches"], "rss_bytes": w["rss_bytes"],
-                # samples loading at once now (threads_per_worker); 0: one at a time or none
+                # samples loading on the worker's threads now (threads_per_worker); 0: none
                 "in_flight": w.get("in_flight", 0),
                 "seconds": {s: w[f"ns_{s}"] / 1e9 for s in ("loading", "collating", "encoding",
                                                             "idle")},

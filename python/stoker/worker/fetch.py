@@ -156,7 +156,7 @@ class MapFetcher(_Fetcher):
         """`on_sample(index, position, None)` is also called from the loading threads;
         `on_batch(index, in_flight)` from this thread before a batch loading at once and as
         each of its samples is done (with how many load at once now), `on_batch(None, 0)` once
-        they are; `carried`: the ``InFlight`` of this worker's fetcher of the epoch before (its
+        they are (`in_flight` None where `on_running` counts them); `carried`: the ``InFlight`` of this worker's fetcher of the epoch before (its
         event loop, its threads and what "auto" learnt live as long as the worker: an async
         client made on the loop keeps working). `on_running(n)`: how many samples load on the
         threads now, as it changes (``Gate.report_running``: those of a batch started ahead

@@ -47,7 +47,8 @@ def _preload_in_forkserver(ctx) -> None:
 
     # (multiprocessing has no getter for the list: read where set_forkserver_preload keeps it)
     server = getattr(forkserver, "_forkserver", None)
-    current = list(getattr(server, "_preload_modules", None) or ["__main__"])
+    mods = getattr(server, "_preload_modules", None)
+    current = list(mods) if mods is not None else ["__main__"]  # ([]: the user's own choice)
     wanted = current + [m for m in PRELOAD if m not in current]
     if wanted != current:
         ctx.set_forkserver_preload(wanted)
